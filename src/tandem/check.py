@@ -1,0 +1,143 @@
+"""`tandem check`: can this target (and draft) run here? Compatibility and memory, no loading.
+
+Reads each model's metadata, tensor shapes and vocabulary (not its weights), applies the
+target/draft compatibility rules and prints the memory plan. Exit status: 0 it can run, 1 it
+cannot (incompatible draft, or the plan does not fit), 2 bad input (missing or unreadable model
+file, bad setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import EngineConfig
+from .errors import ModelFileError, TandemError
+from .memory import MemoryPlan, ModelSpec, fmt_bytes, plan
+from .models.args import ModelArgs
+from .spec.compat import CompatResult, check_compatible
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What check reads from one model: no weights are loaded."""
+
+    path: Path
+    args: ModelArgs
+    spec: ModelSpec
+    tokenizer: object  # tandem.tokenizer.Tokenizer
+    size: int  # bytes on disk
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `tandem check` (spelled as for serve and generate)."""
+    from .cli import add_model_args, add_spec_args
+
+    add_model_args(parser)
+    add_spec_args(parser)
+    parser.add_argument("-np", "--parallel", type=int, default=1,
+                        help="slots served at once (each has its own KV cache)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the verdict; 0 it can run, 1 it cannot, 2 bad input."""
+    try:
+        return _check(args)
+    except TandemError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+def _check(a: argparse.Namespace) -> int:
+    from .cli import spec_config
+
+    spec = spec_config(a)
+    cfg = EngineConfig(ctx_size=a.ctx_size, n_parallel=a.parallel, dtype=a.dtype)
+    target = inspect_model("target", a.model)
+    print(_describe(target))
+    draft = None
+    if a.model_draft and "draft-simple" in spec.types:
+        draft = inspect_model("draft", a.model_draft)
+        print(_describe(draft))
+    for m in (target, draft):
+        if m is not None and cfg.ctx_size > m.args.max_seq_len:
+            print(f"warning: --ctx-size {cfg.ctx_size} exceeds the {m.spec.role}'s trained "
+                  f"context of {m.args.max_seq_len} tokens; quality degrades beyond it")
+    compat = None if draft is None else check_compatible(target.tokenizer, draft.tokenizer)
+    print(_compat_line(compat))
+    models = [target.spec] + ([] if draft is None else [draft.spec])
+    # the engine keeps room for max(16, the largest draft) positions beyond the context
+    mem = plan(models, cfg.ctx_size, cfg.n_parallel, max(spec.max_k, 16), a.weights, cfg.dtype,
+               prefill_chunk=cfg.prefill_chunk, device=cfg.device)
+    print(mem.format())
+    return _verdict(compat, mem)
+
+
+def inspect_model(role: str, model: str) -> ModelInfo:
+    """A model name or path (GGUF file or Hugging Face directory) -> its args, shapes, vocab."""
+    from .registry import resolve
+
+    path = resolve(model)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _inspect_hf(role, path)
+    return _inspect_gguf(role, path)
+
+
+def _inspect_gguf(role: str, path: Path) -> ModelInfo:
+    from .models.gguf_file import GGUFFile
+    from .models.loader import args_from_gguf
+    from .tokenizer import Tokenizer
+
+    g = GGUFFile(path)
+    args = args_from_gguf(g)
+    tok = Tokenizer.from_gguf_metadata(g.metadata)
+    return ModelInfo(path, args, ModelSpec.from_gguf(role, g, args), tok, path.stat().st_size)
+
+
+def _inspect_hf(role: str, path: Path) -> ModelInfo:
+    from .models.loader import args_from_hf_config
+    from .tokenizer import Tokenizer
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        args = args_from_hf_config(cfg, path)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path}/config.json cannot be read: {e}") from None
+    except KeyError as e:
+        raise ModelFileError(f"{path}/config.json has no {e.args[0]!r}") from None
+    spec = ModelSpec.from_hf_dir(role, path, args)
+    if not spec.tensors:
+        raise ModelFileError(f"{path} has config.json but no *.safetensors files")
+    size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return ModelInfo(path, args, spec, Tokenizer.from_hf_dir(path), size)
+
+
+def _describe(m: ModelInfo) -> str:
+    a = m.args
+    return (f"{m.spec.role}: {m.path} ({a.arch}, {a.n_layers} layers, dim {a.dim}, "
+            f"{a.n_heads}/{a.n_kv_heads} heads, vocab {a.vocab_size}, {fmt_bytes(m.size)} on disk)")
+
+
+def _compat_line(r: CompatResult | None) -> str:
+    if r is None:
+        return "draft: none (no --model-draft, or --spec-type does not use it)"
+    if r.ok:
+        return f"draft: {r.message}"
+    return f"draft: INCOMPATIBLE ({r.rule}): {r.message}"
+
+
+def _verdict(compat: CompatResult | None, mem: MemoryPlan) -> int:
+    reasons = []
+    if compat is not None and not compat.ok:
+        reasons.append(f"the draft fails the {compat.rule} rule")
+    if not mem.fits:
+        reasons.append(f"the plan needs {fmt_bytes(mem.total)} but {fmt_bytes(mem.available)} "
+                       f"is available (lower --ctx-size or --parallel, or use a smaller model)")
+    if reasons:
+        print("verdict: cannot run: " + "; ".join(reasons))
+        return 1
+    print("verdict: can run")
+    return 0

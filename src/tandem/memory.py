@@ -1,0 +1,250 @@
+"""The memory plan printed before loading: weights, KV cache and working buffers per model.
+
+What is counted (the loader and the decoder hold exactly these):
+
+- weights, mode "int4" (GGUF): 2-D tensors stored as Q4_K, Q4_0 or Q4_1 (with a row count that
+  is a multiple of 16, as the int4 kernel needs) are repacked to int4, rows*cols/2 bytes, plus a
+  bf16 scale and offset per group of 32 weights (rows*cols/32 * 4 bytes); every other 2-D
+  tensor is dense at the compute dtype; token_embd.weight is always dense (a model without
+  output.weight uses it as the output projection too, with no second copy); norms are float32,
+  biases are at the compute dtype.
+  Mode "dense": every 2-D tensor at the compute dtype. A float32 compute dtype implies dense.
+- KV cache: n_parallel * (ctx_size + max_k + 1) positions * 2 (K and V) * n_layers * n_kv_heads
+  * head_dim, at 2 bytes (bf16) or 4 (float32), preallocated once.
+- working buffers, float32: the verify logits, n_parallel * (max_k + 1) rows * vocab; one
+  prefill chunk's activations, chunk * max(3 * ffn_dim (gate, up, product),
+  n_heads * ctx_size (attention scores)); the chunk's logits, chunk * vocab (the decoder returns
+  logits for every input position); the rope tables, 2 * (ctx_size + max_k + 1) * head_dim / 2.
+- the PyTorch runtime (CPU only): TORCH_RUNTIME_BYTES, the peak RSS of a fresh
+  `python -c "import torch"` measured with torch 2.13 (CPU wheel): 223,600 KiB. On CUDA the
+  context is already excluded from the free memory torch.cuda.mem_get_info reports.
+
+Not counted: transient copies while loading (a tensor is dequantized, then packed), the
+tokenizer, and the mmap of the model file (page cache the kernel can drop).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import TandemError
+from .models.args import ModelArgs
+
+if TYPE_CHECKING:
+    from .models.gguf_file import GGUFFile
+
+INT4_TYPES = frozenset({"Q4_K", "Q4_0", "Q4_1"})
+INT4_GROUP = 32
+TORCH_RUNTIME_BYTES = 223_600 * 1024
+MODES = ("int4", "dense")
+DTYPES = ("auto", "bfloat16", "float32")
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    """One model as the plan sees it: its args and {tensor name -> (type name, shape)}.
+
+    Type names are GGML's (Q4_K, Q6_K, F32, BF16, ...); a Hugging Face directory is always
+    loaded dense (source "hf").
+    """
+
+    role: str  # "target" | "draft"
+    args: ModelArgs
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+    name: str = ""
+    source: str = "gguf"  # "gguf" | "hf"
+
+    @classmethod
+    def from_gguf(cls, role: str, g: GGUFFile, args: ModelArgs) -> ModelSpec:
+        """From an opened tandem.models.gguf_file.GGUFFile and its ModelArgs."""
+        tensors = {t.name: (t.type_name, tuple(t.shape)) for t in g.tensors.values()}
+        return cls(role, args, tensors, Path(g.path).name, "gguf")
+
+    @classmethod
+    def from_hf_dir(cls, role: str, path: Path, args: ModelArgs) -> ModelSpec:
+        """From a safetensors directory: shapes and dtypes come from the file headers."""
+        from safetensors import safe_open
+
+        tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for f in sorted(Path(path).glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    s = sf.get_slice(k)
+                    tensors[k] = (s.get_dtype(), tuple(s.get_shape()))
+        return cls(role, args, tensors, Path(path).name, "hf")
+
+
+@dataclass(slots=True)
+class PlanRow:
+    """One model's share of the plan, in bytes."""
+
+    role: str
+    name: str
+    held_as: str  # e.g. "int4 + bfloat16"
+    weights: int
+    kv_cache: int
+    working: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.working
+
+
+@dataclass(slots=True)
+class MemoryPlan:
+    rows: list[PlanRow]
+    runtime: int  # the PyTorch runtime itself (0 on CUDA, see the module docstring)
+    available: int
+    device: str
+    available_source: str  # where `available` came from, for the table
+    settings: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(r.total for r in self.rows) + self.runtime
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.available
+
+    def format(self) -> str:
+        head = f"{'':<40} {'weights':>10} {'KV cache':>10} {'working':>10} {'total':>10}"
+        lines = [f"memory plan ({self.settings})" if self.settings else "memory plan", head]
+        for r in self.rows:
+            label = f"{r.role} {r.name}"[:40]
+            lines.append(f"{label:<40} {fmt_bytes(r.weights):>10} {fmt_bytes(r.kv_cache):>10} "
+                         f"{fmt_bytes(r.working):>10} {fmt_bytes(r.total):>10}")
+        for r in self.rows:
+            lines.append(f"  {r.role} weights held as {r.held_as}")
+        if self.runtime:
+            lines.append(f"{'PyTorch runtime':<40} {'':>10} {'':>10} {'':>10} "
+                         f"{fmt_bytes(self.runtime):>10}")
+        lines.append(f"{'total':<40} {'':>32} {fmt_bytes(self.total):>10}")
+        lines.append(f"{'available (' + self.available_source + ')':<40} {'':>32} "
+                     f"{fmt_bytes(self.available):>10}")
+        if self.fits:
+            lines.append(f"fits: yes, {fmt_bytes(self.available - self.total)} to spare")
+        else:
+            lines.append(f"fits: NO, {fmt_bytes(self.total - self.available)} short")
+        return "\n".join(lines)
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def held_as(spec: ModelSpec, mode: str, dtype: str) -> tuple[str, int]:
+    """(effective mode, bytes per dense element), as the loader decides them.
+
+    dtype "auto": float32 when every tensor of the file is F32 (tests, references), else bf16.
+    float32 compute, or a Hugging Face directory, means dense.
+    """
+    if dtype == "auto":
+        all_f32 = all(t == "F32" for t, _ in spec.tensors.values())
+        dtype = "float32" if all_f32 else "bfloat16"
+    el = 4 if dtype == "float32" else 2
+    if el == 4 or spec.source == "hf":
+        mode = "dense"
+    return mode, el
+
+
+def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el: int) -> int:
+    """Bytes the weights take once loaded (mode: effective mode; el: dense bytes per element)."""
+    total = 0
+    for name, (type_name, shape) in tensors.items():
+        n = math.prod(shape)
+        if len(shape) < 2:
+            total += n * (el if name.endswith(".bias") else 4)
+        elif mode == "int4" and _packs_to_int4(name, type_name, shape):
+            total += n // 2 + n // INT4_GROUP * 2 * 2
+        else:
+            total += n * el
+    return total
+
+
+def _packs_to_int4(name: str, type_name: str, shape: tuple[int, ...]) -> bool:
+    # The int4 kernel takes row counts that are multiples of 16; other matrices stay dense.
+    embedding = name in ("token_embd.weight", "model.embed_tokens.weight")
+    return type_name in INT4_TYPES and not embedding and shape[0] % 16 == 0
+
+
+def kv_cache_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int, el: int) -> int:
+    positions = n_parallel * (ctx_size + max_k + 1)
+    return positions * 2 * args.n_layers * args.n_kv_heads * args.head_dim * el
+
+
+def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
+                  prefill_chunk: int) -> int:
+    """float32 buffers of one forward pass (see the module docstring)."""
+    verify_logits = n_parallel * (max_k + 1) * args.vocab_size
+    chunk = min(prefill_chunk, ctx_size)
+    activations = chunk * max(3 * args.ffn_dim, args.n_heads * ctx_size)
+    chunk_logits = chunk * args.vocab_size
+    rope = (ctx_size + max_k + 1) * args.head_dim  # cos and sin, head_dim/2 each
+    return 4 * (verify_logits + activations + chunk_logits + rope)
+
+
+def available_memory(device: str = "cpu") -> tuple[int, str]:
+    """(bytes free for a new process, where the figure came from)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), "CUDA free memory"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES")
+    return pages * os.sysconf("SC_PAGE_SIZE"), "free physical pages"
+
+
+def plan(models: list[ModelSpec], ctx_size: int, n_parallel: int = 1, max_k: int = 0,
+         mode: str = "int4", dtype: str = "auto", *, prefill_chunk: int = 512,
+         device: str = "cpu", available: int | None = None) -> MemoryPlan:
+    """The memory the engine will hold for these models; `available` overrides the probe."""
+    _check_settings(ctx_size, n_parallel, max_k, mode, dtype, prefill_chunk)
+    rows = []
+    for spec in models:
+        eff_mode, el = held_as(spec, mode, dtype)
+        rows.append(PlanRow(
+            spec.role, spec.name,
+            f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
+            f"dense {_dtype_name(el)}",
+            weight_bytes(spec.tensors, eff_mode, el),
+            kv_cache_bytes(spec.args, ctx_size, n_parallel, max_k, el),
+            working_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk),
+        ))
+    if available is None:
+        available, source = available_memory(device)
+    else:
+        source = "given"
+    runtime = 0 if device.startswith("cuda") else TORCH_RUNTIME_BYTES
+    settings = (f"{device}, ctx-size {ctx_size} x {n_parallel} slot(s), {max_k} spare "
+                f"positions for drafts, prefill chunk {prefill_chunk}")
+    return MemoryPlan(rows, runtime, available, device, source, settings)
+
+
+def _dtype_name(el: int) -> str:
+    return "float32" if el == 4 else "bfloat16"
+
+
+def _check_settings(ctx_size: int, n_parallel: int, max_k: int, mode: str, dtype: str,
+                    prefill_chunk: int) -> None:
+    if mode not in MODES:
+        raise TandemError(f"weight mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if dtype not in DTYPES:
+        raise TandemError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    for label, value, low in (("ctx-size", ctx_size, 1), ("parallel", n_parallel, 1),
+                              ("max drafted tokens", max_k, 0), ("prefill chunk", prefill_chunk, 1)):
+        if not isinstance(value, int) or value < low:
+            raise TandemError(f"{label} must be an integer >= {low}, got {value!r}")

@@ -1,0 +1,174 @@
+"""One decoder for the llama/qwen2 family; differences are ModelArgs fields.
+
+The forward pass takes a batch of rows, each row a slot of the KV cache with its own start
+position, and returns logits for every input position: verification needs all k+1 rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .args import ModelArgs
+
+
+class KVCache:
+    """One preallocated tensor per K and V; rollback is setting a slot's length.
+
+    k, v: (n_layers, n_slots, n_kv_heads, max_len, head_dim). `tokens[slot]` are the ids whose
+    keys and values the slot holds, in order (host integers), so a later request can reuse a
+    common prefix and a proposer knows what its model has not seen yet.
+    """
+
+    def __init__(self, args: ModelArgs, n_slots: int, max_len: int, dtype: torch.dtype,
+                 device: str | torch.device = "cpu") -> None:
+        shape = (args.n_layers, n_slots, args.n_kv_heads, max_len, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def length(self, slot: int) -> int:
+        return len(self.tokens[slot])
+
+    def truncate(self, slot: int, length: int) -> None:
+        del self.tokens[slot][length:]
+
+    def append(self, slot: int, ids: list[int]) -> None:
+        """Record that ids were just written at the slot's end."""
+        self.tokens[slot].extend(ids)
+
+    def common_prefix(self, slot: int, ids: list[int]) -> int:
+        held = self.tokens[slot]
+        n = 0
+        for a, b in zip(held, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+class Dense(nn.Module):
+    """y = x @ W.T + b with W held at the compute dtype."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(args: ModelArgs, max_len: int) -> tuple[Tensor, Tensor]:
+    """cos, sin: (max_len, head_dim // 2) in float32."""
+    half = args.head_dim // 2
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+    ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """x: (B, T, H, D); cos, sin: (B, T, D/2). Neox rotates halves, GPT-J adjacent pairs."""
+    x = x.float()
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, w: dict[str, nn.Module | Tensor]) -> None:
+        super().__init__()
+        self.args = args
+        self.attn_norm = w["attn_norm"]
+        self.ffn_norm = w["ffn_norm"]
+        self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
+        self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
+
+    def forward(self, x: Tensor, layer: int, cache: KVCache, ctx: "StepContext") -> Tensor:
+        a = self.args
+        B, T, _ = x.shape
+        h = rms_norm(x, self.attn_norm, a.norm_eps).to(ctx.dtype)
+        q = self.wq(h).view(B, T, a.n_heads, a.head_dim)
+        k = self.wk(h).view(B, T, a.n_kv_heads, a.head_dim)
+        v = self.wv(h).view(B, T, a.n_kv_heads, a.head_dim)
+        q = apply_rope(q, ctx.cos, ctx.sin, a.rope_interleaved).to(cache.k.dtype)
+        k = apply_rope(k, ctx.cos, ctx.sin, a.rope_interleaved).to(cache.k.dtype)
+        kc, vc = cache.k[layer], cache.v[layer]  # (S, Hkv, max_len, D)
+        # advanced indices (B, T) around a slice: the assigned value is (B, T, Hkv, D)
+        kc[ctx.slot_idx, :, ctx.pos] = k
+        vc[ctx.slot_idx, :, ctx.pos] = v.to(vc.dtype)
+        if ctx.single_slot is not None:
+            keys = kc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)  # (1, Hkv, L, D)
+            vals = vc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)
+        else:
+            keys = kc[ctx.slots_t, :, : ctx.kv_len]  # (B, Hkv, L, D)
+            vals = vc[ctx.slots_t, :, : ctx.kv_len]
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, vals, attn_mask=ctx.mask, enable_gqa=True
+        )  # (B, H, T, D)
+        o = o.transpose(1, 2).reshape(B, T, a.n_heads * a.head_dim).to(ctx.dtype)
+        x = x + self.wo(o).float()
+        h = rms_norm(x, self.ffn_norm, a.norm_eps).to(ctx.dtype)
+        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)).float()
+
+
+class StepContext:
+    """Positions, mask and rope rows shared by every layer of one forward pass."""
+
+    def __init__(self, model: "Transformer", slots: list[int], starts: list[int], T: int) -> None:
+        dev = model.cos.device
+        self.dtype = model.dtype
+        self.slots_t = torch.tensor(slots, device=dev)
+        starts_t = torch.tensor(starts, device=dev)
+        self.pos = starts_t[:, None] + torch.arange(T, device=dev)[None, :]  # (B, T)
+        self.slot_idx = self.slots_t[:, None].expand_as(self.pos)
+        self.kv_len = max(starts) + T
+        self.single_slot = slots[0] if len(slots) == 1 else None
+        self.cos, self.sin = model.cos[self.pos], model.sin[self.pos]  # (B, T, D/2)
+        if len(slots) == 1 and T == 1:
+            self.mask = None  # one query sees every cached position
+        else:
+            keys = torch.arange(self.kv_len, device=dev)
+            self.mask = (keys[None, None, :] <= self.pos[:, :, None])[:, None]  # (B,1,T,L)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, tok_embeddings: Tensor, blocks: list[Block],
+                 norm: Tensor, output: nn.Module, max_len: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.args = args
+        self.dtype = dtype  # activations entering the linears
+        self.tok_embeddings = tok_embeddings  # (V, dim)
+        self.layers = nn.ModuleList(blocks)
+        self.norm = norm
+        self.output = output
+        self.cos, self.sin = rope_tables(args, max_len)
+
+    @torch.inference_mode()
+    def forward(self, tokens: Tensor, cache: KVCache, slots: list[int],
+                starts: list[int]) -> Tensor:
+        """tokens: (B, T) long, row b written at slot slots[b] from position starts[b].
+
+        Returns logits (B, T, V) float32. The caller owns cache.lengths.
+        """
+        B, T = tokens.shape
+        ctx = StepContext(self, slots, starts, T)
+        x = self.tok_embeddings[tokens].float()  # (B, T, dim)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, i, cache, ctx)
+        x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
+        return self.output(x).float()

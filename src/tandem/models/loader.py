@@ -1,0 +1,222 @@
+"""Loading a model (GGUF file or Hugging Face safetensors directory) into the decoder."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import ModelFileError, TandemError
+from .args import ModelArgs
+from .decoder import Block, Dense, Transformer
+from .gguf_file import GGUFFile
+
+SUPPORTED_ARCHS = ("qwen2", "llama")
+WEIGHT_MODES = ("int4", "dense")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    path: Path
+    args: ModelArgs
+    model: Transformer
+    tokenizer: object  # tandem.tokenizer.Tokenizer
+    source: str  # "gguf" | "hf"
+    dtype: torch.dtype
+    load_seconds: float
+    name: str = ""
+
+
+def args_from_gguf(g: GGUFFile) -> ModelArgs:
+    if g.arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(
+            f"{g.path}: unsupported architecture {g.arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    n_heads = int(g.require("attention.head_count"))
+    dim = int(g.require("embedding_length"))
+    vocab = g.get("vocab_size") or len(g.metadata.get("tokenizer.ggml.tokens") or []) or \
+        g.tensors["token_embd.weight"].shape[0]
+    head_dim = int(g.get("attention.key_length") or g.get("rope.dimension_count") or dim // n_heads)
+    return ModelArgs(
+        arch=g.arch,
+        dim=dim,
+        n_layers=int(g.require("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(g.get("attention.head_count_kv") or n_heads),
+        ffn_dim=int(g.require("feed_forward_length")),
+        vocab_size=int(vocab),
+        head_dim=head_dim,
+        norm_eps=float(g.get("attention.layer_norm_rms_epsilon") or 1e-5),
+        rope_theta=float(g.get("rope.freq_base") or 10000.0),
+        rope_interleaved=g.arch == "llama",  # convert_hf_to_gguf permutes llama's q/k
+        qkv_bias="blk.0.attn_q.bias" in g.tensors,
+        tie_embeddings="output.weight" not in g.tensors,
+        max_seq_len=int(g.get("context_length") or 4096),
+    )
+
+
+def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
+    arch = cfg.get("model_type", "")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(
+            f"{path}: unsupported model_type {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    rope = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    n_heads = cfg["num_attention_heads"]
+    return ModelArgs(
+        arch=arch,
+        dim=cfg["hidden_size"],
+        n_layers=cfg["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+        ffn_dim=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=float(theta),
+        rope_interleaved=False,
+        qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias")),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_seq_len=cfg.get("max_position_embeddings", 4096),
+    )
+
+
+def _pick_dtype(requested: str, float_file: bool) -> torch.dtype:
+    if requested == "float32":
+        return torch.float32
+    if requested == "bfloat16":
+        return torch.bfloat16
+    # auto: a float32 file (tests, references) stays exact; quantized/half files run in bf16
+    return torch.float32 if float_file else torch.bfloat16
+
+
+def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
+           linear: Callable[[str], torch.nn.Module], dtype: torch.dtype, max_len: int,
+           names: dict[str, str]) -> Transformer:
+    """names maps our weight roles to the checkpoint's names, with {i} for the layer."""
+
+    def need(name: str) -> Tensor:
+        t = get(name)
+        if t is None:
+            raise ModelFileError(f"missing tensor {name!r}")
+        return t
+
+    blocks = []
+    for i in range(args.n_layers):
+        w = {role: linear(names[role].format(i=i))
+             for role in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+        w["attn_norm"] = need(names["attn_norm"].format(i=i)).float()
+        w["ffn_norm"] = need(names["ffn_norm"].format(i=i)).float()
+        blocks.append(Block(args, w))
+    emb = need(names["embed"]).to(dtype)
+    if args.tie_embeddings:
+        output: torch.nn.Module = Dense(emb)
+    else:
+        output = linear(names["output"])
+    return Transformer(args, emb, blocks, need(names["norm"]).float(), output, max_len, dtype)
+
+
+GGUF_NAMES = {
+    "embed": "token_embd.weight", "norm": "output_norm.weight", "output": "output",
+    "attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight",
+    "wq": "blk.{i}.attn_q", "wk": "blk.{i}.attn_k", "wv": "blk.{i}.attn_v",
+    "wo": "blk.{i}.attn_output", "w_gate": "blk.{i}.ffn_gate", "w_up": "blk.{i}.ffn_up",
+    "w_down": "blk.{i}.ffn_down",
+}
+HF_NAMES = {
+    "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head",
+    "attn_norm": "model.layers.{i}.input_layernorm.weight",
+    "ffn_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "wq": "model.layers.{i}.self_attn.q_proj", "wk": "model.layers.{i}.self_attn.k_proj",
+    "wv": "model.layers.{i}.self_attn.v_proj", "wo": "model.layers.{i}.self_attn.o_proj",
+    "w_gate": "model.layers.{i}.mlp.gate_proj", "w_up": "model.layers.{i}.mlp.up_proj",
+    "w_down": "model.layers.{i}.mlp.down_proj",
+}
+
+
+def load_gguf(path: Path, dtype: str, max_len: int, mode: str) -> LoadedModel:
+    from ..tokenizer import Tokenizer
+    from .quant import dequantize, make_linear
+
+    t0 = time.perf_counter()
+    g = GGUFFile(path)
+    args = args_from_gguf(g)
+    float_file = all(t.type_name == "F32" for t in g.tensors.values())
+    dt = _pick_dtype(dtype, float_file)
+
+    def get(name: str) -> Tensor | None:
+        raw = g.tensors.get(name)
+        return None if raw is None else dequantize(raw)
+
+    def linear(base: str) -> torch.nn.Module:
+        raw = g.tensors.get(base + ".weight")
+        if raw is None:
+            raise ModelFileError(f"missing tensor {base + '.weight'!r}")
+        # the int4 kernel takes bf16 activations: a float32 run stays dense and exact
+        return make_linear(raw, dt, mode if dt == torch.bfloat16 else "dense",
+                           bias=g.tensors.get(base + ".bias"))
+
+    try:
+        model = _build(args, get, linear, dt, max_len, GGUF_NAMES)
+    except ModelFileError as e:
+        raise ModelFileError(f"{path}: {e}") from None  # names the file once
+    tok = Tokenizer.from_gguf_metadata(g.metadata)
+    return LoadedModel(path, args, model, tok, "gguf", dt, time.perf_counter() - t0)
+
+
+def load_hf(path: Path, dtype: str, max_len: int) -> LoadedModel:
+    from safetensors import safe_open
+
+    from ..tokenizer import Tokenizer
+
+    t0 = time.perf_counter()
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path}/config.json cannot be read: {e}") from None
+    args = args_from_hf_config(cfg, path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelFileError(f"{path} has config.json but no *.safetensors files")
+    tensors: dict[str, Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for k in sf.keys():
+                tensors[k] = sf.get_tensor(k)
+    float_file = all(t.dtype == torch.float32 for t in tensors.values())
+    dt = _pick_dtype(dtype, float_file)
+    if not args.tie_embeddings and "lm_head.weight" not in tensors:
+        args.tie_embeddings = True
+
+    def linear(base: str) -> torch.nn.Module:
+        w = tensors.get(base + ".weight")
+        if w is None:
+            raise ModelFileError(f"missing tensor {base + '.weight'!r}")
+        b = tensors.get(base + ".bias")
+        return Dense(w.to(dt), None if b is None else b.to(dt))
+
+    model = _build(args, tensors.get, linear, dt, max_len, HF_NAMES)
+    tok = Tokenizer.from_hf_dir(path)
+    return LoadedModel(path, args, model, tok, "hf", dt, time.perf_counter() - t0)
+
+
+def load_model(spec: str | Path, *, dtype: str = "auto", max_len: int = 4096,
+               mode: str = "int4") -> LoadedModel:
+    """Load a named model (pulled on first use), a .gguf file or a HF directory."""
+    from ..registry import resolve
+
+    if mode not in WEIGHT_MODES:
+        raise TandemError(f"weight mode must be one of {', '.join(WEIGHT_MODES)}, got {mode!r}")
+    path = resolve(str(spec))
+    if path.is_dir() and (path / "config.json").is_file():
+        m = load_hf(path, dtype, max_len)
+    else:
+        m = load_gguf(path, dtype, max_len, mode)
+    m.name = str(spec)
+    return m

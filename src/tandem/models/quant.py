@@ -1,0 +1,252 @@
+"""Weights: dequantizing any GGUF tensor; repacking 4-bit GGUF blocks for PyTorch's CPU int4 kernel.
+
+The int4 kernel (`torch._weight_int4pack_mm_for_cpu`, aten/src/ATen/native/cpu/int4mm_kernel.cpp),
+as checked by experiment on torch 2.13:
+
+- weight: `torch._convert_weight_to_int4pack_for_cpu(q, inner_k_tiles)` with q int32 (N, K), values
+  0..15, N % 16 == 0; it returns uint8 (N, K/2) in a layout that depends on the CPU's vector width
+  (AVX-512 interleaves 64-row blocks as nibble pairs (n, n+32)), so pack at load time on the machine
+  that runs it, never cache the packed bytes. inner_k_tiles is ignored on the CPU.
+- scales_and_zeros: (K/group, N, 2) in the activation dtype: [..., 0] the scale s, [..., 1] the
+  zero z.
+- each weight is dequantized in float32 as `fma(q - 8, s, z)`: z is the value at the middle of the
+  16-level grid, not an integer zero point. The group size is 32, 64, 128 or 256 along K.
+- activations: 2-D contiguous, bf16 on the fast path (fp16/fp32 run a scalar loop, ~15x slower);
+  products accumulate in float32; the output is rounded to the activation dtype.
+
+A GGUF Q4_0 / Q4_1 / Q4_K group of 32 weights is `w = scale * q + offset` with q in 0..15, so it
+maps onto the kernel with group size 32 as s = scale, z = offset + 8 * scale. The only loss is
+rounding s and z to bf16: |w_kernel - w| <= 2^-8 * (8 |s| + |z|), a few percent of one
+quantization step.
+
+Worked example: a Q4_K group with d * sc = 0.02 and dmin * m = 0.05 holds w = 0.02 q - 0.05.
+Then s = 0.02 and z = -0.05 + 8 * 0.02 = 0.11, and the kernel computes (q - 8) * 0.02 + 0.11 =
+0.02 q - 0.05 for every q in 0..15 (up to rounding 0.02 and 0.11 to bf16). A Q4_0 block
+w = d (q - 8) gives s = d, z = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+from gguf import quants as gguf_quants
+
+from ..errors import ModelFileError, TandemError
+from .gguf_file import RawTensor
+
+GROUP_SIZE = 32  # every 4-bit GGUF type scales groups of 32 weights
+KERNEL_ZERO = 8  # the kernel dequantizes q as (q - 8) * s + z
+PACK_CHUNK_ROWS = 4096  # rows decoded at a time: bounds the int32 staging copy (a multiple of 64)
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16, QT.F64)
+INT4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
+LINEAR_MODES = ("int4", "dense")
+
+
+def _gguf_can_dequantize(qtype: QT) -> bool:
+    # gguf.quants has one class per block type, named like the type (Q4_K, IQ2_XS, ...)
+    return isinstance(getattr(gguf_quants, qtype.name, None), type)
+
+
+def supported_types() -> list[str]:
+    """Names of the tensor types `dequantize` reads, e.g. ['F32', 'F16', 'Q4_0', ...]."""
+    return [t.name for t in QT if t in FLOAT_TYPES or _gguf_can_dequantize(t)]
+
+
+def dequantize(raw: RawTensor) -> torch.Tensor:
+    """The tensor's values as float32 with shape `raw.shape`, equal to gguf.quants.dequantize."""
+    data = raw.data
+    if raw.qtype in (QT.F32, QT.F16, QT.F64):
+        values = data.astype(np.float32)  # always a fresh, writable copy of the mapped file
+    elif raw.qtype == QT.BF16:
+        values = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif _gguf_can_dequantize(raw.qtype):
+        values = gguf_quants.dequantize(data, raw.qtype)
+    else:
+        raise ModelFileError(
+            f"tensor {raw.name!r} has type {raw.type_name}, which Tandem cannot read; "
+            f"supported types: {', '.join(supported_types())}"
+        )
+    return torch.from_numpy(values.reshape(raw.shape))
+
+
+@dataclass(slots=True)
+class Affine4Bit:
+    """Decoded 4-bit blocks (float32), w[n, k] = scale[n, k // 32] * q[n, k] + offset[n, k // 32]"""
+
+    q: np.ndarray  # (N, K) uint8, 0..15
+    scale: np.ndarray  # (N, K/32) float32
+    offset: np.ndarray  # (N, K/32) float32
+
+    def weight(self) -> np.ndarray:
+        """(N, K) float32, bit-identical to gguf.quants.dequantize of the same blocks."""
+        n, k = self.q.shape
+        q = self.q.reshape(n, k // GROUP_SIZE, GROUP_SIZE).astype(np.float32)
+        return (self.scale[..., None] * q + self.offset[..., None]).reshape(n, k)
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    return blocks[:, start : start + 2].view(np.float16).astype(np.float32)  # (n_blocks, 1)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n_blocks, 16) bytes -> (n_blocks, 32): low nibbles are weights 0..15, high ones 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _decode_q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    d = _f16(blocks, 0)  # w = d * (q - 8)
+    return _nibbles(blocks[:, 2:]), d, -8 * d
+
+
+def _decode_q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _nibbles(blocks[:, 4:]), _f16(blocks, 0), _f16(blocks, 2)  # w = d * q + m
+
+
+def _decode_q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One 144-byte super-block = 8 groups of 32: f16 d, f16 dmin, 12 bytes of 6-bit (sc, m) pairs,
+    128 bytes of nibbles (bytes 32i..32i+31 hold group 2i in the low and group 2i+1 in the high
+    nibble); w = d * sc * q - dmin * m, as in gguf's Q4_K.dequantize_blocks."""
+    n = blocks.shape[0]
+    sc, m = gguf_quants.Q4_K.get_scale_min(blocks[:, 4:16])  # (n, 8) each
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(n * 8, 32)
+    scale = _f16(blocks, 0) * sc.astype(np.float32)
+    offset = -(_f16(blocks, 2) * m.astype(np.float32))
+    return q, scale.reshape(n * 8, 1), offset.reshape(n * 8, 1)
+
+
+_DECODERS = {QT.Q4_0: _decode_q4_0, QT.Q4_1: _decode_q4_1, QT.Q4_K: _decode_q4_k}
+
+
+def decode_4bit(raw: RawTensor, rows: slice = slice(None)) -> Affine4Bit | None:
+    """Split the selected rows of a Q4_0 / Q4_1 / Q4_K tensor into q, scale and offset (None for
+    other types)."""
+    decode = _DECODERS.get(raw.qtype)
+    if decode is None or len(raw.shape) != 2:
+        return None
+    data = raw.data[rows]  # (n, bytes_per_row)
+    n, k = data.shape[0], raw.shape[1]
+    _, type_size = GGML_QUANT_SIZES[raw.qtype]
+    q, scale, offset = decode(np.ascontiguousarray(data).reshape(-1, type_size))
+    return Affine4Bit(q.reshape(n, k), scale.reshape(n, -1), offset.reshape(n, -1))
+
+
+def kernel_scales_and_zeros(blocks: Affine4Bit) -> torch.Tensor:
+    """(K/32, N, 2) bf16 [scale, zero] with zero = offset + 8 * scale, the value at q = 8."""
+    scale = torch.from_numpy(blocks.scale)  # (N, K/32)
+    zero = torch.add(torch.from_numpy(blocks.offset), scale, alpha=KERNEL_ZERO)  # 8 * s is exact
+    out = torch.empty((*scale.shape[::-1], 2), dtype=torch.bfloat16)  # (K/32, N, 2)
+    out[..., 0] = scale.T
+    out[..., 1] = zero.T
+    return out
+
+
+def kernel_weight(blocks: Affine4Bit) -> torch.Tensor:
+    """(N, K) float32: the weights as the int4 kernel sees them, fma(q - 8, s_bf16, z_bf16)."""
+    sz = kernel_scales_and_zeros(blocks).float().transpose(0, 1)  # (N, K/32, 2)
+    n, k = blocks.q.shape
+    q = torch.from_numpy(blocks.q.astype(np.float32)).reshape(n, k // GROUP_SIZE, GROUP_SIZE)
+    # (q - 8) * s is exact in float32 (4-bit times 8-bit significands): one rounding, like fma
+    return ((q - KERNEL_ZERO) * sz[..., :1] + sz[..., 1:]).reshape(n, k)
+
+
+@dataclass(slots=True)
+class Int4Weight:
+    """A (N, K) weight packed for torch._weight_int4pack_mm_for_cpu."""
+
+    packed: torch.Tensor  # (N, K/2) uint8, CPU-specific layout
+    scales_and_zeros: torch.Tensor  # (K/32, N, 2) bf16
+    shape: tuple[int, int]  # (N, K)
+    group_size: int = GROUP_SIZE
+
+
+def pack_int4(raw: RawTensor, chunk_rows: int = PACK_CHUNK_ROWS) -> Int4Weight | None:
+    """Repack a Q4_0 / Q4_1 / Q4_K matrix for the int4 kernel; None for other types and for
+    row counts the kernel cannot take (N % 16 != 0).
+
+    Rows are decoded `chunk_rows` at a time; the kernel packs independent 64-row (AVX-512) or
+    32-row (AVX2) blocks, so packing chunks whose size is a multiple of 64 and concatenating them
+    gives the same bytes as packing the whole matrix.
+    """
+    if raw.qtype not in INT4_TYPES or len(raw.shape) != 2 or raw.shape[0] % 16 != 0:
+        return None
+    if chunk_rows % 64 != 0:
+        raise ValueError(f"chunk_rows must be a multiple of 64, got {chunk_rows}")
+    n, k = raw.shape
+    packed, scales = [], []
+    for start in range(0, n, chunk_rows):
+        blocks = decode_4bit(raw, slice(start, start + chunk_rows))
+        q = torch.from_numpy(blocks.q).to(torch.int32)  # (n_chunk, K)
+        packed.append(torch._convert_weight_to_int4pack_for_cpu(q, 2))
+        scales.append(kernel_scales_and_zeros(blocks))
+    return Int4Weight(torch.cat(packed), torch.cat(scales, dim=1), (n, k))
+
+
+def int4_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """(..., K) -> (..., N) bf16: x @ W.T through the int4 kernel."""
+    return _int4_mm(x, weight.packed, weight.scales_and_zeros, weight.group_size)
+
+
+def _int4_mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()  # (M, K)
+    out = torch._weight_int4pack_mm_for_cpu(rows, packed, group, sz)  # (M, N)
+    return out.reshape(*x.shape[:-1], packed.shape[0])
+
+
+class QuantLinear(torch.nn.Module):
+    """y = x @ W.T + b with W held as int4 groups; the output has the input's dtype."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.group_size = weight.group_size
+        self.register_buffer("packed", weight.packed, persistent=False)
+        self.register_buffer("scales_and_zeros", weight.scales_and_zeros, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _int4_mm(x, self.packed, self.scales_and_zeros, self.group_size).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int4 group {self.group_size}")
+
+
+def _dense_linear(raw: RawTensor, dtype: torch.dtype, bias: torch.Tensor | None) -> torch.nn.Linear:
+    n, k = raw.shape
+    layer = torch.nn.Linear(k, n, bias=bias is not None, device="meta", dtype=dtype)
+    layer.weight = torch.nn.Parameter(dequantize(raw).to(dtype), requires_grad=False)
+    if bias is not None:
+        layer.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
+    return layer
+
+
+def make_linear(
+    raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor | None = None
+) -> torch.nn.Module:
+    """A linear layer for a (N, K) GGUF weight (+ optional (N,) bias).
+
+    mode "int4": Q4_0 / Q4_1 / Q4_K become a QuantLinear (exact up to bf16 scales), anything else a
+    dense torch.nn.Linear in `dtype`; mode "dense": a torch.nn.Linear in `dtype` for every type.
+    """
+    if mode not in LINEAR_MODES:
+        raise TandemError(f"unknown weight mode {mode!r}; accepted: {', '.join(LINEAR_MODES)}")
+    if len(raw.shape) != 2:
+        raise ModelFileError(f"tensor {raw.name!r} has shape {raw.shape}; a linear weight is 2-D")
+    bias_values = None if bias is None else dequantize(bias).reshape(-1)
+    if bias_values is not None and bias_values.shape[0] != raw.shape[0]:
+        raise ModelFileError(
+            f"bias {bias.name!r} has {bias_values.shape[0]} values; weight {raw.name!r} has "
+            f"{raw.shape[0]} rows"
+        )
+    packed = pack_int4(raw) if mode == "int4" else None
+    if packed is None:
+        return _dense_linear(raw, dtype, bias_values)
+    return QuantLinear(packed, None if bias_values is None else bias_values.to(dtype))

@@ -1,0 +1,7 @@
+"""`python -m tandem.server ...` is `tandem serve ...`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,123 @@
+"""Turning a validated request body into the engine's Request (tokens, sampling, speculation).
+
+The checks that need the loaded model live here: the prompt must fit the context, token ids
+must be in the vocabulary, n_predict must fit the context, and a per-request spec type must be
+one the loaded models can serve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ..config import SamplingParams, SpecConfig
+from ..errors import TandemError
+from .schemas import ApiError, ChatBody, SamplingFields
+
+if TYPE_CHECKING:
+    from ..engine import Engine, Request
+
+
+def n_predict_of(engine: Engine, *candidates: int | None) -> int:
+    """The first given limit (-1 = until EOS or the context is full), checked against ctx."""
+    n = next((c for c in candidates if c is not None), -1)
+    ctx = engine.cfg.ctx_size
+    if n > ctx:
+        raise ApiError(400, f"n_predict {n} is larger than the context ({ctx} tokens per slot); "
+                            "ask for at most that many, or -1 for until EOS/context full")
+    return n
+
+
+def sampling_of(body: SamplingFields, n_predict: int) -> SamplingParams:
+    try:
+        return SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                              min_p=body.min_p, seed=body.seed, n_predict=n_predict,
+                              stop=body.stop_list(), ignore_eos=body.ignore_eos)
+    except TandemError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
+    """The request's speculation settings, or None for the server's own (--spec-* flags)."""
+    over = {}
+    if body.spec_type is not None:
+        try:
+            over["types"] = SpecConfig.parse_types(body.spec_type)
+        except TandemError as e:
+            raise ApiError(400, f"speculative.type: {e}") from None
+    for key, value in (("n_max", body.spec_n_max), ("n_min", body.spec_n_min),
+                       ("p_min", body.spec_p_min)):
+        if value is not None:
+            over[key] = value
+    if not over:
+        return None
+    try:
+        spec = dataclasses.replace(engine.spec, **over)
+    except TandemError as e:
+        raise ApiError(400, f"speculative settings: {e}") from None
+    if "draft-simple" in spec.types and engine.draft is None:
+        raise ApiError(400, "speculative.type draft-simple needs a draft model, and this server "
+                            "has none loaded; start it with --model-draft PATH, or ask for "
+                            "ngram-simple or none")
+    return spec
+
+
+def prompt_ids(engine: Engine, prompt: str | list) -> list[int]:
+    """llama.cpp's prompt forms: text, token ids, or a mix (text pieces are tokenized)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # OpenAI clients wrap a single prompt in a list
+    if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
+        raise ApiError(400, f"prompt: {len(prompt)} prompts in one request are not supported; "
+                            "send one request per prompt")
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
+        raise ApiError(400, f"prompt: {len(prompt)} prompts in one request are not supported; "
+                            "send one request per prompt")
+    tok = engine.tok
+    ids: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            if part:
+                ids.extend(tok.encode(part, add_special=i == 0, parse_special=True))
+        else:
+            ids.append(part)
+    if not ids:
+        raise ApiError(400, "the prompt is empty; give some text or token ids")
+    return ids
+
+
+def chat_ids(engine: Engine, body: ChatBody) -> list[int]:
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        text = engine.tok.apply_chat_template(messages, add_generation_prompt=True)
+    except TandemError as e:
+        raise ApiError(400, f"messages: {e}") from None
+    ids = engine.tok.encode(text, add_special=False, parse_special=True)
+    if not ids:
+        raise ApiError(400, "the chat template produced an empty prompt")
+    return ids
+
+
+def check_prompt(engine: Engine, ids: list[int]) -> None:
+    ctx, vocab = engine.cfg.ctx_size, engine.target.args.vocab_size
+    if len(ids) >= ctx:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens but the context holds {ctx} "
+                            "per slot; shorten the prompt or start the server with a larger "
+                            "--ctx-size")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})")
+
+
+def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predict: int,
+                  n_probs: int = 0) -> Request:
+    from ..engine import Request
+
+    check_prompt(engine, ids)
+    n_slots = engine.cfg.n_parallel
+    if body.id_slot >= n_slots:
+        raise ApiError(400, f"id_slot {body.id_slot} does not exist; this server has {n_slots} "
+                            f"slot(s): 0..{n_slots - 1}, or -1 for any")
+    return Request(ids, sampling_of(body, n_predict), spec_of(body, engine),
+                   cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs)

@@ -1,0 +1,160 @@
+"""Request bodies as pydantic models, and the API error every endpoint answers with.
+
+Field names are llama.cpp's (`/completion`) and OpenAI's (`/v1/...`). Unknown fields are
+ignored, as llama-server does; known fields are type-checked strictly (a string where a number
+belongs is an error, not a silent default) and range-checked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# OpenAI's error types, as llama-server names them, by HTTP status
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+    405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+    500: "server_error", 501: "not_supported_error", 503: "unavailable_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered as {"error": {"message", "type", "code"}} with HTTP status `status`."""
+
+    def __init__(self, status: int, message: str, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_ or ERROR_TYPES.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.status}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class SamplingFields(_Body):
+    """Sampling and speculation fields shared by every generation endpoint."""
+
+    temperature: float = Field(0.8, ge=0.0, allow_inf_nan=False)
+    top_k: int = Field(40, ge=0)
+    top_p: float = Field(0.95, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_p: float = Field(0.05, ge=0.0, le=1.0, allow_inf_nan=False)
+    seed: int = Field(-1, ge=-1, le=2**64 - 1)
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    cache_prompt: bool = True
+    id_slot: int = Field(-1, ge=-1)
+    # llama.cpp spells per-request speculation as flat dotted keys
+    spec_type: str | None = Field(None, alias="speculative.type")
+    spec_n_max: int | None = Field(None, alias="speculative.n_max", ge=0)
+    spec_n_min: int | None = Field(None, alias="speculative.n_min", ge=0)
+    spec_p_min: float | None = Field(None, alias="speculative.p_min", ge=0.0, le=1.0)
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+
+class CompletionBody(SamplingFields):
+    """POST /completion (llama.cpp)."""
+
+    prompt: str | list[int | str]
+    n_predict: int = Field(-1, ge=-1)
+    n_probs: int = Field(0, ge=0, le=100)
+
+
+class OaiCompletionBody(SamplingFields):
+    """POST /v1/completions (OpenAI legacy completions)."""
+
+    model: str | None = None
+    prompt: str | list[int | str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=-1)
+    n_predict: int | None = Field(None, ge=-1)
+    n: int = Field(1, ge=1, le=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    stream_options: dict | None = None
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatBody(SamplingFields):
+    """POST /v1/chat/completions (OpenAI chat)."""
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=-1)
+    max_completion_tokens: int | None = Field(None, ge=-1)
+    n_predict: int | None = Field(None, ge=-1)
+    n: int = Field(1, ge=1, le=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream_options: dict | None = None
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+
+
+def parse_body(raw: bytes, model: type[_Body]) -> Any:
+    """JSON bytes -> a validated body; every failure is a 400 that names the field."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ApiError(400, describe(e)) from None
+
+
+_HINTS = {
+    "n": "only n = 1 is supported; send one request per completion",
+    "presence_penalty": "penalties are not implemented; leave it at 0",
+    "frequency_penalty": "penalties are not implemented; leave it at 0",
+}
+
+
+def describe(e: ValidationError) -> str:
+    """The first invalid field, what was wrong with it, and the value received."""
+    errors = e.errors()
+    field = errors[0]["loc"][0] if errors[0]["loc"] else "body"
+    same = [x for x in errors if x["loc"] and x["loc"][0] == field]
+    where = ".".join(str(p) for p in same[0]["loc"] if not _is_type_label(p))
+    if len(same) > 1:  # a union: say every accepted form once
+        msgs = sorted({x["msg"] for x in same})
+        what = " or ".join(m.removeprefix("Input should be ") for m in msgs)
+        msg = f"{where}: expected {what}"
+    else:
+        msg = f"{where}: {same[0]['msg']}"
+    if same[0]["type"] != "missing":
+        shown = json.dumps(same[0]["input"], default=str)
+        msg += f", got {shown[:80]}"
+    hint = _HINTS.get(str(field))
+    return f"invalid request: {msg}" + (f" ({hint})" if hint else "")
+
+
+def _is_type_label(part: object) -> bool:
+    # pydantic names union members in the location (e.g. "list[str]"); users never wrote those
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))

@@ -1,0 +1,46 @@
+"""The server's shared state: settings, the engine once loaded, the worker, the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .metrics import Metrics
+from .schemas import ApiError
+
+MAX_BODY_BYTES = 10 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    """What the HTTP layer needs from the command line (models are loaded separately)."""
+
+    model: str
+    model_draft: str | None = None
+    alias: str | None = None
+    api_key: str | None = None
+    timeout: float = 600.0  # seconds a request may take, queue + generation (and body read)
+    max_queue: int = 4  # requests waiting for a slot beyond which the server answers 503
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+@dataclass(slots=True)
+class ServerState:
+    settings: ServerSettings
+    metrics: Metrics = field(default_factory=Metrics)
+    engine: object | None = None  # tandem.engine.Engine once loaded
+    worker: object | None = None  # tandem.server.worker.Worker once loaded
+    status: str = "loading"  # loading | ready | error
+    model_path: str = ""
+    draft_path: str | None = None
+    created: int = 0  # unix time the models were ready (OpenAI's "created")
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.alias or self.model_path or self.settings.model
+
+    def ready(self):
+        """(engine, worker), or a 503 while the models are loading."""
+        if self.status != "ready":
+            raise ApiError(503, "Loading model" if self.status == "loading" else
+                           "the model failed to load; see the server log")
+        return self.engine, self.worker

@@ -1,0 +1,296 @@
+"""The one thread that owns the Engine: admits queued requests into free slots, steps every
+active slot together (one batched target forward per step), and hands each request its text
+as it becomes safe to show, then its final result.
+
+The HTTP side never touches the engine. It submits a Job and reads the Job's asyncio queue;
+the worker pushes events into that queue with loop.call_soon_threadsafe:
+
+    Delta(text, tokens, from_draft, logprobs)   streamed jobs only, after each step
+    Done(result)                                the finished request (llama.cpp's /completion dict)
+    Failed(ApiError)                            this request only; the others carry on
+
+Cancelling (a client that went away) sets a flag; the worker frees the slot before its next
+step. A job waits at most `timeout` seconds in total (queue + generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import TandemError
+from .metrics import Metrics
+from .results import completion_result, slot_view
+from .schemas import ApiError
+
+if TYPE_CHECKING:  # the engine (and torch) load in the background, after the socket listens
+    from ..engine import Engine, Request, Sequence, TokenLogprobs
+
+log = logging.getLogger("tandem.server")
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str
+    tokens: list[int]
+    from_draft: list[bool]
+    logprobs: list[TokenLogprobs]
+
+
+@dataclass(slots=True)
+class Done:
+    result: dict
+
+
+@dataclass(slots=True)
+class Failed:
+    error: ApiError
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Job:
+    request: Request
+    stream: bool
+    loop: asyncio.AbstractEventLoop
+    deadline: float  # time.monotonic() after which the job fails with a timeout
+    timeout: float
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    id: int = field(default_factory=lambda: next(_ids))
+    cancelled: bool = False  # set by the HTTP side, read by the worker
+    finished: bool = False  # set by the worker when Done/Failed was pushed
+    seq: Sequence | None = None
+
+    def push(self, event: Delta | Done | Failed) -> None:
+        if isinstance(event, (Done, Failed)):
+            self.finished = True
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Worker:
+    """Owns `engine`; `submit` and `cancel` are the only calls from other threads."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, max_queue: int) -> None:
+        self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
+        self._cond = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._running: dict[int, Job] = {}  # slot -> job
+        self._stopping = False
+        self._slots_view: list[dict] = []
+        self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+
+    # -- called from the HTTP side ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._publish()
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull(
+                    f"the server is busy: all {len(self.engine.slots)} slot(s) are generating and "
+                    f"{len(self._pending)} request(s) are already waiting (the most it queues, "
+                    "--queue-size); retry later")
+            self._pending.append(job)
+            self.metrics.queue(len(self._running), len(self._pending))
+            self._cond.notify_all()
+
+    def cancel(self, job: Job) -> None:
+        with self._cond:
+            job.cancelled = True
+            if job in self._pending:
+                self._pending.remove(job)
+                job.finished = True
+                self.metrics.queue(len(self._running), len(self._pending))
+            self._cond.notify_all()
+
+    def slots(self) -> list[dict]:
+        """A snapshot of the slots, taken by the worker after its last step."""
+        return self._slots_view
+
+    # -- the worker thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._pending or self._running):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+            try:
+                self._iterate()
+            except Exception:  # a bug in the loop itself: fail what is running, keep serving
+                log.error("engine loop error:\n%s", traceback.format_exc())
+                self._fail_running(ApiError(500, "internal error in the generation loop"))
+        self._shutdown()
+
+    def _iterate(self) -> None:
+        self._expire()
+        while (job := self._next_admissible()) is not None:
+            self._admit(job)
+        self._reap_cancelled()
+        if self._running:
+            self._step()
+        self._publish()
+
+    def _next_admissible(self) -> Job | None:
+        """The oldest pending job whose slot (any, or the one it asked for) is free."""
+        with self._cond:
+            for job in self._pending:
+                if self._slot_for(job.request) is not None:
+                    self._pending.remove(job)
+                    return job
+                if job.request.id_slot < 0:
+                    return None  # first come, first served for jobs that take any slot
+        return None
+
+    def _slot_for(self, req: Request) -> int | None:
+        """A free slot for req: its own id_slot, else the free slot whose cache shares the
+        longest prefix with the prompt (so cache_prompt can reuse it), else the first free."""
+        if req.id_slot >= 0:
+            return self.engine.free_slot(req.id_slot)
+        free = [i for i, s in enumerate(self.engine.slots) if s is None]
+        if not free:
+            return None
+        if not req.cache_prompt:
+            return free[0]
+        cache = self.engine.cache
+        return max(free, key=lambda i: cache.common_prefix(i, req.prompt_ids[:-1]))
+
+    def _admit(self, job: Job) -> None:
+        req = job.request
+        req.id_slot = self._slot_for(req)
+        try:
+            seq = self.engine.add(req)
+        except TandemError as e:
+            job.push(Failed(ApiError(400, str(e))))
+            return
+        except Exception as e:
+            log.error("request %d failed while processing its prompt:\n%s", job.id,
+                      traceback.format_exc())
+            job.push(Failed(ApiError(500, f"internal error while processing the prompt: {e}")))
+            return
+        job.seq = seq
+        if seq.done:  # n_predict 0: nothing to generate
+            self._finish(job)
+        else:
+            self.metrics.prompt()
+            self._running[seq.slot] = job
+        self._queue_gauges()
+
+    def _step(self) -> None:
+        n_active = len(self._running)
+        try:
+            seqs = self.engine.step()
+        except Exception as e:
+            log.error("generation step failed:\n%s", traceback.format_exc())
+            self._fail_running(ApiError(500, f"internal error while generating: {e}"))
+            return
+        self.metrics.step(n_active)
+        for seq in seqs:
+            job = self._running.get(seq.slot)
+            if job is None:
+                continue
+            if job.stream:
+                self._push_delta(job, seq)
+            if seq.done:
+                self._finish(job)
+        self._queue_gauges()
+
+    def _push_delta(self, job: Job, seq: Sequence) -> None:
+        n = seq.n_new
+        text = seq.take_text()
+        if not (text or n):
+            return
+        tokens = seq.output[len(seq.output) - n:]
+        job.push(Delta(text, tokens, seq.from_draft[len(seq.from_draft) - n:],
+                       seq.logprobs[len(seq.logprobs) - n:] if seq.req.n_probs else []))
+
+    def _finish(self, job: Job) -> None:
+        seq = job.seq
+        self.engine.release(seq)
+        self._running.pop(seq.slot, None)
+        self.metrics.finished(seq)
+        try:
+            job.push(Done(completion_result(seq, self.engine)))
+        except Exception as e:
+            log.error("could not build the result:\n%s", traceback.format_exc())
+            job.push(Failed(ApiError(500, f"internal error while building the result: {e}")))
+
+    def _reap_cancelled(self) -> None:
+        for slot, job in list(self._running.items()):
+            if job.cancelled:
+                self.engine.cancel(job.seq)
+                del self._running[slot]
+                job.finished = True
+                log.info("request %d cancelled (client went away); slot %d freed", job.id, slot)
+        self._queue_gauges()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            late = [j for j in self._pending if j.deadline <= now]
+            for j in late:
+                self._pending.remove(j)
+        for j in late:
+            j.push(Failed(_timeout(j, "waiting for a free slot")))
+        for slot, job in list(self._running.items()):
+            if job.deadline <= now:
+                self.engine.cancel(job.seq)
+                del self._running[slot]
+                job.push(Failed(_timeout(job, "generating")))
+
+    def _fail_running(self, error: ApiError) -> None:
+        for slot, job in list(self._running.items()):
+            if job.seq is not None:
+                self.engine.cancel(job.seq)
+            job.push(Failed(error))
+        self._running.clear()
+        self._queue_gauges()
+
+    def _queue_gauges(self) -> None:
+        with self._cond:
+            self.metrics.queue(len(self._running), len(self._pending))
+
+    def _publish(self) -> None:
+        self._slots_view = [slot_view(self.engine, i, self._running.get(i))
+                            for i in range(len(self.engine.slots))]
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            pending = list(self._pending)
+            self._pending.clear()
+        error = ApiError(503, "the server is shutting down")
+        for job in pending:
+            job.push(Failed(error))
+        self._fail_running(error)
+
+
+def _timeout(job: Job, what: str) -> ApiError:
+    return ApiError(408, f"the request timed out after {job.timeout:g} s while {what} "
+                         "(the server's --timeout)")

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers, verification, the controller, the compatibility check."""

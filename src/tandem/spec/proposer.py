@@ -1,0 +1,49 @@
+"""The interface every proposer shares: begin, propose, accept (llama.cpp's common/speculative.h).
+
+One iteration of the engine, for one slot:
+
+    draft = proposer.propose(k)                 # up to k guessed tokens
+    ... the target verifies [last, *draft.ids] in one pass ...
+    proposer.accept(n_accepted, new_ids)        # new_ids = draft.ids[:n_accepted] + [target's token]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(slots=True)
+class Draft:
+    """Proposed tokens and, for a sampling proposer, the distributions they were drawn from.
+
+    ids: the drafted token ids, at most k of them; empty = nothing to propose this time.
+    probs: (len(ids), V) float tensor, row i the distribution ids[i] was drawn from;
+        None = a deterministic proposer (n-gram): the verifier treats q(ids[i]) as 1.
+    """
+
+    ids: list[int]
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """A source of draft tokens for one sequence (one slot)."""
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Start a new sequence whose tokens so far are prompt_ids (forgets any earlier one)."""
+        ...
+
+    def propose(self, k: int) -> Draft:
+        """Up to k tokens that may follow the sequence so far; k <= 0 gives an empty draft."""
+        ...
+
+    def accept(self, n_accepted: int, new_ids: list[int]) -> None:
+        """The target kept the first n_accepted draft tokens; new_ids were appended to the
+        sequence this iteration (those accepted tokens followed by the target's own token)."""
+        ...

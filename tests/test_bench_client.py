@@ -1,0 +1,240 @@
+"""scripts/speculative-benchmark.py against a scripted llama.cpp-style server.
+
+The client runs as a subprocess under `python -I -S`: isolated and without site-packages, so a
+third-party import would fail. FakeServer and run_client are reused by test_compare.py; a test
+against a live `tandem serve` only needs run_client(url, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speculative-benchmark.py"
+
+Answer = Callable[[dict], tuple[int, object]]
+
+
+class FakeServer:
+    """A /completion server on 127.0.0.1 whose answers come from `answer(body) -> (status, json)`.
+
+    `received` keeps every /completion request body, in order. /health and /props answer with
+    the given (status, json) pairs.
+    """
+
+    def __init__(self, answer: Answer, health=(200, {"status": "ok"}), props=(404, None)) -> None:
+        self.received: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                routes = {"/health": health, "/props": props}
+                self.reply(*routes.get(self.path, (404, {"error": {"message": "not found"}})))
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.received.append(body)
+                self.reply(*answer(body))
+
+            def reply(self, status: int, payload: object) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> FakeServer:
+        thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def run_client(
+    url: str, output: Path, *args: str, label: str = "run"
+) -> subprocess.CompletedProcess[str]:
+    """Run the benchmark client as a user would, isolated from site-packages."""
+    command = [sys.executable, "-I", "-S", str(SCRIPT), "--label", label, "--output", str(output),
+               "--url", url, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def completion(content: str = "def f():\n    pass\n", n: int = 8, ms: float = 80.0) -> dict:
+    """A llama-server style answer for a greedy request that hit n_predict."""
+    return {
+        "content": content, "tokens_predicted": n, "tokens_evaluated": 30, "stop_type": "limit",
+        "truncated": False,
+        "timings": {"prompt_n": 30, "prompt_ms": 12.0, "predicted_n": n, "predicted_ms": ms,
+                    "predicted_per_second": 1000 * n / ms},
+    }
+
+
+def write_prompts(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess, code: int, *phrases: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for phrase in phrases:
+        assert phrase in proc.stderr
+
+
+def test_records_every_measured_request_with_the_servers_answer(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", [
+        json.dumps({"task": "edit", "prompt": "Rename f to g:\n", "n_predict": 8}),
+        "",
+        json.dumps({"task": "tale", "prompt": "Once upon a time"}),
+    ])
+    props = {"model_path": "target.gguf", "total_slots": 1}
+    with FakeServer(lambda body: (200, completion()), props=(200, props)) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--prompts", str(prompts),
+                          "--passes", "3", "--warmup", "2", "--n-predict", "16", "--seed", "7",
+                          label="base")
+    assert proc.returncode == 0, proc.stderr
+    assert "[pass 3/3] tale: 8 tokens" in proc.stderr
+    # 2 warm-up passes then 3 measured ones, each over both tasks, with greedy, uncached requests
+    assert [b["prompt"] for b in server.received] == ["Rename f to g:\n", "Once upon a time"] * 5
+    assert [b["n_predict"] for b in server.received[:2]] == [8, 16]
+    for body in server.received:
+        assert (body["temperature"], body["top_k"], body["seed"]) == (0.0, 1, 7)
+        assert body["cache_prompt"] is False and body["stream"] is False
+
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["format"] == "tandem-bench-1" and out["label"] == "base"
+    assert out["props"] == props
+    assert out["settings"]["passes"] == 3 and out["settings"]["warmup"] == 2
+    assert [t["n_predict"] for t in out["tasks"]] == [8, 16]
+    assert [(r["task"], r["pass"]) for r in out["warmup"]] == [("edit", 1), ("tale", 1),
+                                                               ("edit", 2), ("tale", 2)]
+    assert [(r["task"], r["pass"]) for r in out["requests"]] == [
+        (task, p) for p in (1, 2, 3) for task in ("edit", "tale")]
+    first = out["requests"][0]
+    assert first["timings"] == completion()["timings"]
+    assert first["content"] == "def f():\n    pass\n"
+    assert (first["tokens_predicted"], first["tokens_evaluated"]) == (8, 30)
+    assert (first["stop_type"], first["truncated"]) == ("limit", False)
+    assert 0 < first["wall_s"] < 10
+
+
+def test_builtin_tasks_and_props_null_when_the_server_has_none(tmp_path):
+    with FakeServer(lambda body: (200, completion())) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--passes", "1", "--warmup", "0")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["props"] is None and out["warmup"] == []
+    assert [t["task"] for t in out["tasks"]] == ["code-edit", "summary", "story"]
+    assert all(len(t["prompt"]) > 1000 and t["n_predict"] == 256 for t in out["tasks"])
+    assert [b["prompt"] for b in server.received] == [t["prompt"] for t in out["tasks"]]
+
+
+def test_unreachable_server_fails_cleanly(tmp_path):
+    with socket.socket() as sock:  # bound but not listening: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        proc = run_client(url, tmp_path / "out.json")
+    assert_clean_failure(proc, 1, f"cannot reach the server at {url}", "--url")
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("status", [400, 200])
+def test_error_answer_fails_cleanly_with_the_servers_message(tmp_path, status):
+    error = {"error": {"message": "n_predict must be at most 128, got 256",
+                       "type": "invalid_request_error", "code": 400}}
+    with FakeServer(lambda body: (status, error)) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--warmup", "0")
+    assert_clean_failure(proc, 1, f"answered HTTP {status}", "n_predict must be at most 128",
+                         "task 'code-edit', pass 1")
+    assert len(server.received) == 1
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_answer_without_llama_cpp_fields_fails_cleanly(tmp_path):
+    with FakeServer(lambda body: (200, {"text": "hello"})) as server:
+        proc = run_client(server.url, tmp_path / "out.json")
+    assert_clean_failure(proc, 1, "lacks llama.cpp's fields content and timings")
+
+
+def test_server_still_loading_fails_cleanly(tmp_path):
+    loading = (503, {"error": {"message": "Loading model", "code": 503}})
+    with FakeServer(lambda body: (200, completion()), health=loading) as server:
+        proc = run_client(server.url, tmp_path / "out.json")
+    assert_clean_failure(proc, 1, "not ready", "Loading model")
+    assert server.received == []
+
+
+def test_request_timeout_fails_cleanly(tmp_path):
+    def slow(body):
+        time.sleep(1.0)
+        return 200, completion()
+
+    with FakeServer(slow) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--timeout", "0.2")
+    assert_clean_failure(proc, 1, "no answer within --timeout 0.2 s")
+
+
+@pytest.mark.parametrize("line, phrase", [
+    ('{"task": "a", "prompt": "x"', "p.jsonl:2: not valid JSON"),
+    ('["a", "x"]', "p.jsonl:2: a JSON list, not an object"),
+    ('{"task": "a"}', 'p.jsonl:2: "prompt" must be a non-empty string, got None'),
+    ('{"task": "", "prompt": "x"}', 'p.jsonl:2: "task" must be a non-empty string'),
+    ('{"task": "ok", "prompt": "x"}', "p.jsonl:2: task 'ok' appears twice"),
+    ('{"task": "b", "prompt": "x", "n_predict": 0}', '"n_predict" must be a positive integer'),
+    ('{"task": "b", "prompt": "x", "temp": 1}', "unknown field(s) temp"),
+])
+def test_bad_prompts_file_is_refused_before_any_request(tmp_path, line, phrase):
+    prompts = write_prompts(tmp_path / "p.jsonl", ['{"task": "ok", "prompt": "fine"}', line])
+    with FakeServer(lambda body: (200, completion())) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--prompts", str(prompts))
+    assert_clean_failure(proc, 2, phrase, '{"task": "name", "prompt": "text"')
+    assert server.received == []
+
+
+def test_missing_or_empty_prompts_file_is_refused(tmp_path):
+    missing = tmp_path / "no.jsonl"
+    proc = run_client("http://127.0.0.1:9", tmp_path / "out.json", "--prompts", str(missing))
+    assert_clean_failure(proc, 2, "cannot read --prompts file")
+    empty = write_prompts(tmp_path / "empty.jsonl", ["", "  "])
+    proc = run_client("http://127.0.0.1:9", tmp_path / "out.json", "--prompts", str(empty))
+    assert_clean_failure(proc, 2, "has no tasks")
+
+
+def test_help_names_what_is_not_measured():
+    proc = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), "--help"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    phrases = ("time to the first token", "memory", "concurrent requests", "cache_prompt false")
+    for phrase in phrases:
+        assert phrase in text
+
+
+def test_imports_only_the_standard_library():
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name='bench'); "
+            "top = {name.partition('.')[0] for name in sys.modules}; "
+            "stdlib = {*sys.stdlib_module_names, *sys.builtin_module_names, '__main__'}; "
+            "print(sorted(top - stdlib))")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(SCRIPT)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -1,0 +1,217 @@
+"""`tandem bench`: real `tandem serve` subprocesses on tiny GGUF models, the real benchmark client.
+
+The tiny target and draft share a tokenizer (tests/tiny.py) but not their weights, so with
+--spec-draft-p-min 0 the draft proposes on every step and the target rejects most of it: the
+speculative server does real drafting and verification, and greedy output must still equal the
+target's own. Each server start costs a few seconds (Python, torch, the server's warm-up), which
+sets the time of these tests; flag errors are checked without any server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from tandem.bench import compare
+from tandem.bench import run as bench
+from tandem.errors import TandemError
+
+from . import tiny
+from .test_compare import bench_file, request
+
+PROMPTS = [
+    {"task": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick"},
+    {"task": "code", "prompt": "def add(a, b):\n    return", "n_predict": 6},
+]
+SWEEP_NAMES = {"draft-n2", "draft-n4", "draft-n8", "ngram", "ngram-draft"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("models")
+    target = tiny.write_gguf(tiny.hf_model("qwen2", 0), d / "target.gguf", "qwen2")
+    draft = tiny.write_gguf(tiny.hf_model("qwen2", 1), d / "draft.gguf", "qwen2")
+    return str(target), str(draft)
+
+
+def prompts_file(path: Path, tasks: list[dict]) -> str:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks), encoding="utf-8")
+    return str(path)
+
+
+def bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    args.argv = ["tandem", "bench", *argv]
+    return args
+
+
+def quick(models, tmp_path, tasks=PROMPTS, *extra: str) -> list[str]:
+    target, draft = models
+    return ["--model", target, "--model-draft", draft, "--ctx-size", "256", "--passes", "1",
+            "--warmup", "0", "--n-predict", "8",
+            "--prompts", prompts_file(tmp_path / "prompts.jsonl", tasks),
+            "--out-dir", str(tmp_path / "out"), *extra]
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def assert_servers_stopped(out: Path) -> None:
+    """Every port a server was started on (command.txt) refuses connections now."""
+    ports = re.findall(r"--port (\d+)", (out / "command.txt").read_text(encoding="utf-8"))
+    assert ports
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", int(port)), timeout=2).close()
+
+
+def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = quick(models, tmp_path, PROMPTS, "--spec-draft-p-min", "0")
+    assert bench.run(bench_args(*args)) == 0
+    captured = capsys.readouterr()
+
+    expected = {"command.txt", "baseline.json", "candidate.json", "report.md", "report.json",
+                "speedup.png", "baseline.server.log", "candidate.server.log"}
+    assert expected <= {p.name for p in out.iterdir()}
+    base, cand = load(out / "baseline.json"), load(out / "candidate.json")
+    # each side served what it says: the target alone, then the target with the draft
+    assert base["props"]["speculative"]["enabled"] is False
+    assert cand["props"]["speculative"]["type"] == "draft-simple"
+    assert cand["props"]["draft_model_path"].endswith("draft.gguf")
+    assert all(r["timings"]["draft_n"] > 0 for r in cand["requests"])
+    # greedy speculation did the same work, and the report says so with a speed-up figure
+    contents = [{r["task"]: r["content"] for r in run["requests"]} for run in (base, cand)]
+    assert contents[0] == contents[1] and set(contents[0]) == {"fox", "code"}
+    report = load(out / "report.json")
+    assert [t["equal_work"] for t in report["tasks"]] == [True, True]
+    assert report["overall"]["speedup"] > 0
+    assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the command that made the results travels with them
+    command = (out / "command.txt").read_text(encoding="utf-8")
+    assert "tandem bench --model" in command and "--spec-draft-p-min 0" in command
+    assert "--spec-type none" in command and "--spec-type draft-simple" in command
+    assert command.count("speculative-benchmark.py") == 2
+    assert (out / "report.md").read_text(encoding="utf-8").startswith("Made by `tandem bench")
+    assert "overall" in captured.out and "speed-up" in captured.out
+    for phase in ("[1/2] baseline", "[2/2] candidate", "ready after", "[pass 1/1] fox"):
+        assert phase in captured.err
+    assert_servers_stopped(out)
+
+
+def test_sweep_ranks_every_configuration_against_one_baseline(models, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert bench.run(bench_args(*quick(models, tmp_path, PROMPTS[:1], "--sweep"))) == 0
+    captured = capsys.readouterr()
+
+    names = {p.stem for p in out.glob("*.json")} - {"report"}
+    assert names == {"baseline", *SWEEP_NAMES}
+    served = {n: load(out / f"{n}.json")["props"]["speculative"] for n in SWEEP_NAMES}
+    assert [served[f"draft-n{k}"]["n_max"] for k in (2, 4, 8)] == [2, 4, 8]
+    assert served["ngram"]["type"] == "ngram-simple"
+    assert served["ngram-draft"]["type"] == "ngram-simple,draft-simple"
+    rows = load(out / "report.json")["configurations"]
+    assert {r["name"] for r in rows} == SWEEP_NAMES
+    assert all(r["equal_work"] for r in rows)  # greedy: every configuration matches the baseline
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5]
+    speedups = [r["speedup"] for r in rows]
+    assert speedups == sorted(speedups, reverse=True)
+    assert "rank" in captured.out and "draft-simple n-max 8" in captured.out
+    assert "## ngram-simple (ngram.json)" in (out / "report.md").read_text(encoding="utf-8")
+    assert_servers_stopped(out)
+
+
+def test_configurations_with_unequal_work_are_listed_but_not_ranked(tmp_path):
+    base = compare.load_run(bench_file(tmp_path / "b.json", "none", [
+        request("a", 1, 1.0, content="same"), request("b", 1, 1.0, content="same")]), "baseline")
+    variants = {"slow": (0.8, "same"), "fast": (0.4, "same"), "wrong": (0.1, "other")}
+    entries = []
+    for name, (wall, content) in variants.items():
+        reqs = [request("a", 1, wall, content=content), request("b", 1, wall, content="same")]
+        cand = compare.load_run(bench_file(tmp_path / f"{name}.json", name, reqs), name)
+        entries.append((bench.Variant(name, "ngram-simple"), cand, compare.compare_runs(base, cand)))
+
+    rows = bench.ranking(entries)
+    assert [(r["name"], r["rank"]) for r in rows] == [("fast", 1), ("slow", 2), ("wrong", None)]
+    assert rows[0]["speedup"] == pytest.approx(2.0 / 0.8)
+    assert rows[2]["speedup"] is None and "a: content differs" in rows[2]["reasons"][0]
+    text = bench.render_ranking(rows)
+    assert "not comparable" in text and "wrong: not comparable: a: content differs" in text
+
+
+def test_server_that_fails_to_load_is_reported_with_its_log(tmp_path):
+    missing = tmp_path / "no-such-model.gguf"
+    args = bench_args("--model", str(missing), "--spec-type", "ngram-simple", "--passes", "1",
+                      "--out-dir", str(tmp_path / "out"), "--load-timeout", "120")
+    with pytest.raises(TandemError, match="exited with status") as e:
+        bench.run(args)
+    assert "no-such-model.gguf" in str(e.value)
+    assert (tmp_path / "out" / "baseline.server.log").exists()
+    assert not (tmp_path / "out" / "candidate.json").exists()
+
+
+def test_failed_client_run_shows_why_and_stops_the_server(models, tmp_path):
+    long_prompt = [{"task": "long", "prompt": "The quick brown fox jumps over the lazy dog. " * 8}]
+    args = quick(models, tmp_path, long_prompt, "--spec-type", "ngram-simple")
+    args[args.index("--ctx-size") + 1] = "64"
+    with pytest.raises(TandemError, match="benchmark client failed") as e:
+        bench.run(bench_args(*args))
+    assert "--ctx-size" in str(e.value)  # the server's answer, relayed by the client
+    assert_servers_stopped(tmp_path / "out")
+
+
+def test_ctrl_c_stops_the_server(models, tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def interrupted(command, server):
+        seen.append((server, server._health()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_client", interrupted)
+    assert bench.run(bench_args(*quick(models, tmp_path, PROMPTS, "--spec-type", "none"))) == 130
+    [(server, health)] = seen
+    assert health == 200  # it was serving when the interrupt came
+    assert server.process.poll() is not None
+    assert "interrupted; servers stopped" in capsys.readouterr().err
+    assert_servers_stopped(tmp_path / "out")
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["--passes", "0"], "--passes must be >= 1, got 0"),
+    (["--sweep", "--spec-type", "ngram-simple"], "--sweep chooses the spec types itself"),
+    (["--model", "t.gguf"], "nothing to speculate with"),
+    (["--model", "t.gguf", "--spec-type", "draft-simple"], "needs a draft model"),
+    (["--spec-type", "medusa"], "unknown spec type 'medusa'"),
+    (["--spec-draft-n-min", "6", "--spec-draft-n-max", "4"], "n-min <= n-max"),
+    (["--client", "nowhere.py"], "'nowhere.py' does not exist"),
+    (["--prompts", "BAD"], "prompts.jsonl:1: not valid JSON"),
+])
+def test_bad_flags_fail_before_any_server_starts(tmp_path, argv, phrase):
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text("{not json\n", encoding="utf-8")
+    argv = [str(bad) if a == "BAD" else a for a in argv]
+    with pytest.raises(TandemError, match=re.escape(phrase)):
+        bench.run(bench_args(*argv, "--out-dir", str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
+
+
+def test_results_are_never_written_over(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "baseline.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(TandemError, match="exists and is not an empty folder"):
+        bench.run(bench_args("--spec-type", "ngram-simple", "--out-dir", str(out)))
+    assert (out / "baseline.json").read_text(encoding="utf-8") == "{}"
+
+
+def test_client_is_found_in_the_source_tree():
+    client = bench.find_client(None)
+    assert client.name == "speculative-benchmark.py" and client.is_file()

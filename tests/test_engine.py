@@ -1,0 +1,165 @@
+"""The engine end to end on tiny float32 models: speculation never changes greedy output,
+sampled output keeps the target's distribution, stop conditions and statistics."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tandem.config import EngineConfig, SamplingParams, SpecConfig
+from tandem.engine import Engine, Request
+from tandem.models.loader import load_model
+
+from . import tiny
+
+GREEDY = dict(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("engine")
+    target = load_model(tiny.write_gguf(tiny.hf_model("qwen2", seed=3), d / "t.gguf", "qwen2"),
+                        dtype="float32", max_len=600)
+    draft = load_model(tiny.write_gguf(tiny.hf_model("qwen2", seed=3), d / "d.gguf", "qwen2"),
+                       dtype="float32", max_len=600)
+    # an unrelated draft: a different model, so drafts are often rejected
+    other = load_model(tiny.write_gguf(tiny.hf_model("qwen2", seed=9), d / "o.gguf", "qwen2"),
+                       dtype="float32", max_len=600)
+    return target, draft, other
+
+
+def engine(models, types: str, draft="same", n_parallel=1, **spec) -> Engine:
+    target, same, other = models
+    d = {"same": same, "other": other, None: None}[draft]
+    cfg = SpecConfig(types=SpecConfig.parse_types(types), **spec)
+    return Engine(target, d if "draft" in types else None,
+                  EngineConfig(ctx_size=512, n_parallel=n_parallel), cfg)
+
+
+def run(e: Engine, ids: list[int], **sp) -> list[int]:
+    seq = e.generate(Request(list(ids), SamplingParams(**sp), cache_prompt=False))
+    return seq.output
+
+
+def random_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(vocab - 3) for _ in range(rng.randint(1, 12))]
+        out.append(base * rng.randint(1, 3))  # repetition gives the n-gram proposer matches
+    return out
+
+
+@pytest.mark.parametrize("types,draft", [
+    ("ngram-simple", None), ("draft-simple", "same"), ("draft-simple", "other"),
+    ("ngram-simple,draft-simple", "other"),
+])
+def test_greedy_speculation_equals_target_alone(models, types, draft):
+    base = engine(models, "none")
+    spec = engine(models, types, draft, n_max=5, p_min=0.0, ngram_min=1, ngram_max=3)
+    vocab = models[0].args.vocab_size
+    drafted = accepted = 0
+    for ids in random_prompts(12, vocab, seed=len(types)):
+        want = run(base, ids, n_predict=24, **GREEDY)
+        seq = spec.generate(Request(ids, SamplingParams(n_predict=24, **GREEDY),
+                                    cache_prompt=False))
+        assert seq.output == want, (types, ids)
+        drafted += seq.stats.n_drafted
+        accepted += seq.stats.n_accepted
+    assert drafted > 0  # speculation really ran
+    if draft == "same":
+        assert accepted == drafted  # an identical draft is always right under greedy
+
+
+def test_statistics_add_up(models):
+    e = engine(models, "draft-simple", "other", n_max=4, p_min=0.0)
+    seq = e.generate(Request([5, 6, 7, 8], SamplingParams(n_predict=40, ignore_eos=True, **GREEDY)))
+    s = seq.stats
+    assert s.n_drafts > 0 and s.n_drafted >= s.n_accepted
+    assert sum(s.accepted_per_pos) == s.n_accepted
+    assert sum(s.drafted_per_pos) == s.n_drafted
+    assert s.drafted_per_pos[0] == s.n_drafts
+    # every iteration yields accepted + 1 tokens; without drafts, one token
+    assert len(seq.output) <= s.n_accepted + s.n_drafts + (40 - s.n_drafts)
+    t = seq.timings()
+    assert t["draft_n"] == s.n_drafted and t["draft_n_accepted"] == s.n_accepted
+    assert t["predicted_n"] == 40
+    assert s.mean_acceptance_length == pytest.approx(1 + s.n_accepted / s.n_drafts)
+
+
+def test_n_predict_eos_and_stop_word(models):
+    e = engine(models, "ngram-simple", ngram_min=1)
+    tok = models[0].tokenizer
+    seq = e.generate(Request([5, 6, 7], SamplingParams(n_predict=7, **GREEDY)))
+    assert len(seq.output) == 7 and seq.stop_type == "limit"
+    text = tok.decode(seq.output)
+    assert seq.content == text
+    # a stop string cut from the greedy text stops there, and is not returned
+    word = text[3:6]
+    assert word
+    seq2 = e.generate(Request([5, 6, 7], SamplingParams(n_predict=7, stop=[word], **GREEDY)))
+    assert seq2.stop_type == "word" and seq2.stopping_word == word
+    assert seq2.content == text[: text.find(word)]
+    seq3 = e.generate(Request([5, 6, 7], SamplingParams(n_predict=0, **GREEDY)))
+    assert seq3.output == [] and seq3.stop_type == "limit"
+
+
+def test_eos_ends_generation_unless_ignored(models):
+    e = engine(models, "none")
+    tok = models[0].tokenizer
+    eos = tok.eos_id
+    assert eos in tok.eog_ids
+    for ignore in (False, True):
+        seq = e.add(Request([5, 6, 7], SamplingParams(n_predict=10, ignore_eos=ignore, **GREEDY)))
+        e._append(seq, [40, eos, 41], 2)  # as if verification returned these three tokens
+        e.release(seq)
+        if ignore:
+            assert seq.output == [40, eos, 41] and not seq.done
+        else:
+            assert seq.output == [40, eos] and seq.stop_type == "eos"
+            assert seq.content == tok.decode([40])  # the EOS text is not part of the answer
+            assert seq.from_draft == [True, True]
+
+
+def test_streamed_text_equals_final_content(models):
+    e = engine(models, "ngram-simple", ngram_min=1)
+    pieces: list[str] = []
+    seq = e.generate(Request([9, 10, 11, 9, 10], SamplingParams(n_predict=30, **GREEDY)),
+                     on_text=pieces.append)
+    assert "".join(pieces) == seq.content
+
+
+def test_seeded_sampling_repeats(models):
+    e = engine(models, "draft-simple", "other", n_max=3, p_min=0.0)
+    sp = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, n_predict=20, seed=1234)
+    assert run(e, [5, 6, 7], **sp) == run(e, [5, 6, 7], **sp)
+    assert run(e, [5, 6, 7], **sp) != run(e, [5, 6, 7], **{**sp, "seed": 99})
+
+
+def test_sampled_distribution_unchanged_by_speculation(models):
+    """First three generated tokens, with and without a (different) draft: same distribution.
+
+    Two-sample chi-square per position over tokens seen at least 10 times in total; with
+    n = 700 runs per side a wrong acceptance rule (e.g. always accepting the draft) moves
+    these distributions far beyond the 1e-3 level this test allows.
+    """
+    from scipy.stats import chi2_contingency
+
+    sp = dict(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, n_predict=3)
+    base = engine(models, "none")
+    spec = engine(models, "draft-simple", "other", n_max=3, p_min=0.0)
+    n = 700
+    outs = {}
+    for name, e in (("base", base), ("spec", spec)):
+        rows = []
+        for i in range(n):
+            rows.append(run(e, [5, 6, 7, 8], seed=i + (0 if name == "base" else 10**6), **sp))
+        outs[name] = rows
+    for pos in range(3):
+        a = [r[pos] for r in outs["base"]]
+        b = [r[pos] for r in outs["spec"]]
+        keys = sorted({t for t in a + b if a.count(t) + b.count(t) >= 10})
+        table = [[a.count(t) for t in keys], [b.count(t) for t in keys]]
+        assert chi2_contingency(table).pvalue > 1e-3, (pos, table)

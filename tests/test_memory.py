@@ -1,0 +1,186 @@
+"""The memory plan: arithmetic on made-up shapes, agreement with what the loader really holds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tandem.errors import TandemError
+from tandem.memory import (
+    TORCH_RUNTIME_BYTES,
+    ModelSpec,
+    available_memory,
+    kv_cache_bytes,
+    plan,
+    weight_bytes,
+    working_bytes,
+)
+from tandem.models.args import ModelArgs
+
+ARGS = ModelArgs(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160,
+                 vocab_size=100)  # head_dim 16
+
+TENSORS = {
+    "token_embd.weight": ("Q4_K", (100, 64)),  # always dense: 100*64*2 = 12800
+    "blk.0.attn_q.weight": ("Q4_K", (64, 64)),  # int4: 2048 + 128*4 = 2560
+    "blk.0.attn_q.bias": ("F32", (64,)),  # compute dtype: 128
+    "blk.0.ffn_up.weight": ("Q4_0", (160, 64)),  # int4: 5120 + 320*4 = 6400
+    "blk.0.ffn_down.weight": ("Q6_K", (64, 160)),  # dense: 20480
+    "blk.0.attn_k.weight": ("Q4_1", (40, 64)),  # 40 rows: not a multiple of 16 -> dense 5120
+    "blk.0.attn_norm.weight": ("F32", (64,)),  # float32: 256
+}
+INT4_BF16 = 12800 + 2560 + 128 + 6400 + 20480 + 5120 + 256
+ELEMENTS_2D = 100 * 64 + 64 * 64 + 160 * 64 + 64 * 160 + 40 * 64
+
+
+def test_int4_weights_follow_the_representation_rule():
+    assert weight_bytes(TENSORS, "int4", 2) == INT4_BF16
+
+
+def test_dense_weights_at_the_compute_dtype():
+    assert weight_bytes(TENSORS, "dense", 2) == ELEMENTS_2D * 2 + 64 * 2 + 64 * 4
+    assert weight_bytes(TENSORS, "dense", 4) == ELEMENTS_2D * 4 + 64 * 4 + 64 * 4
+
+
+def test_untied_output_adds_a_matrix_and_tied_adds_nothing():
+    untied = dict(TENSORS, **{"output.weight": ("Q6_K", (100, 64))})
+    assert weight_bytes(untied, "int4", 2) == INT4_BF16 + 100 * 64 * 2
+
+
+def test_plan_rows_follow_mode_and_dtype():
+    spec = ModelSpec("target", ARGS, TENSORS, "t.gguf")
+    p = plan([spec], 256, 1, 4, "int4", "auto", available=10**9)
+    assert p.rows[0].weights == INT4_BF16
+    assert "int4" in p.rows[0].held_as
+    # float32 compute means dense, whatever the mode asked
+    p32 = plan([spec], 256, 1, 4, "int4", "float32", available=10**9)
+    assert p32.rows[0].weights == weight_bytes(TENSORS, "dense", 4)
+    assert p32.rows[0].held_as == "dense float32"
+    # a file whose tensors are all F32 loads in float32 under dtype auto
+    f32 = {k: ("F32", shape) for k, (_, shape) in TENSORS.items()}
+    pf = plan([ModelSpec("target", ARGS, f32)], 256, 1, 4, "int4", "auto", available=10**9)
+    assert pf.rows[0].held_as == "dense float32"
+    assert pf.rows[0].kv_cache == 2 * plan([spec], 256, 1, 4, available=10**9).rows[0].kv_cache
+    # a Hugging Face directory is dense even in int4 mode
+    hf = plan([ModelSpec("target", ARGS, TENSORS, source="hf")], 256, available=10**9)
+    assert hf.rows[0].weights == weight_bytes(TENSORS, "dense", 2)
+
+
+def test_kv_cache_arithmetic():
+    # 2 slots * (1000 + 8 + 1) positions * (K, V) * 2 layers * 2 kv heads * 16 dims * bf16
+    assert kv_cache_bytes(ARGS, 1000, 2, 8, 2) == 2 * 1009 * 2 * 2 * 2 * 16 * 2
+
+
+def test_kv_cache_matches_the_decoders_cache():
+    from tandem.models.decoder import KVCache
+
+    for n_par, ctx, k, dtype, el in ((1, 100, 0, torch.bfloat16, 2), (3, 50, 5, torch.float32, 4)):
+        cache = KVCache(ARGS, n_par, ctx + k + 1, dtype)
+        assert kv_cache_bytes(ARGS, ctx, n_par, k, el) == cache.nbytes
+
+
+def test_working_buffer_arithmetic():
+    # logits 2 slots * 5 rows * 100; chunk 64 * max(3*160, 4 heads * 1000); chunk logits 64*100;
+    # rope 1005 * 16
+    expected = 4 * (2 * 5 * 100 + 64 * max(480, 4000) + 64 * 100 + 1005 * 16)
+    assert working_bytes(ARGS, 1000, 2, 4, 64) == expected
+    # a short context: the FFN dominates and the chunk is capped at the context
+    assert working_bytes(ARGS, 16, 1, 0, 512) == 4 * (100 + 16 * 480 + 16 * 100 + 17 * 16)
+
+
+def test_totals_fits_and_table():
+    t = ModelSpec("target", ARGS, TENSORS, "big.gguf")
+    d = ModelSpec("draft", ARGS, TENSORS, "small.gguf")
+    p = plan([t, d], 1000, 2, 4, available=10**9)
+    assert p.total == sum(r.weights + r.kv_cache + r.working for r in p.rows) + TORCH_RUNTIME_BYTES
+    assert p.fits
+    text = p.format()
+    assert "target big.gguf" in text and "draft small.gguf" in text
+    assert "PyTorch runtime" in text and "fits: yes" in text
+    short = plan([t, d], 1000, 2, 4, available=p.total - 1)
+    assert not short.fits
+    assert "fits: NO" in short.format() and "short" in short.format()
+    # more slots need more KV cache
+    assert plan([t], 1000, 4, 4, available=1).rows[0].kv_cache == 2 * plan(
+        [t], 1000, 2, 4, available=1).rows[0].kv_cache
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(mode="int8"), "weight mode"),
+    (dict(dtype="float16"), "dtype"),
+    (dict(ctx_size=0), "ctx-size"),
+    (dict(n_parallel=0), "parallel"),
+    (dict(max_k=-1), "drafted"),
+])
+def test_bad_settings_are_named(kwargs, word):
+    args = dict(ctx_size=256, n_parallel=1, max_k=4, mode="int4", dtype="auto")
+    args.update(kwargs)
+    with pytest.raises(TandemError, match=word):
+        plan([ModelSpec("target", ARGS, TENSORS)], available=1, **args)
+
+
+def test_available_memory_reads_meminfo():
+    avail, source = available_memory("cpu")
+    assert source == "MemAvailable"
+    with open("/proc/meminfo") as f:
+        total = next(int(x.split()[1]) for x in f if x.startswith("MemTotal:")) * 1024
+    assert 0 < avail <= total
+
+
+def _held_bytes(model: torch.nn.Module) -> int:
+    """Every tensor a loaded Transformer holds (parameters, buffers, plain tensor attributes),
+    each storage once, without the rope tables (counted as working buffers)."""
+    seen, total = set(), 0
+    for mod in model.modules():
+        for name, value in list(vars(mod).items()) + list(mod.named_parameters(recurse=False)) \
+                + list(mod.named_buffers(recurse=False)):
+            if not isinstance(value, torch.Tensor) or name in ("cos", "sin"):
+                continue
+            key = value.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += value.untyped_storage().nbytes()
+    return total
+
+
+@pytest.mark.parametrize("arch, tie", [("qwen2", False), ("llama", True)])
+def test_plan_matches_what_the_loader_holds(tmp_path, arch, tie):
+    """The planned weight bytes are exactly what load_model keeps, in every mode."""
+    import gguf
+
+    from tandem.models.gguf_file import GGUFFile
+    from tandem.models.loader import args_from_gguf, load_model
+
+    from .tiny import hf_model, write_gguf
+
+    path = write_gguf(hf_model(arch, tie_word_embeddings=tie), tmp_path / "m.gguf", arch,
+                      gguf.GGMLQuantizationType.Q4_0)
+    g = GGUFFile(path)
+    spec = ModelSpec.from_gguf("target", g, args_from_gguf(g))
+    for mode, dtype in (("int4", "bfloat16"), ("dense", "bfloat16"), ("dense", "float32")):
+        p = plan([spec], 64, 1, 0, mode, dtype, available=1)
+        loaded = load_model(str(path), dtype=dtype, max_len=65, mode=mode)
+        assert p.rows[0].weights == _held_bytes(loaded.model), (mode, dtype)
+
+
+@pytest.mark.real
+def test_default_pair_plan_is_plausible():
+    from tandem.models.loader import args_from_gguf
+
+    from .test_compat import real_gguf
+
+    g = real_gguf("default")
+    spec = ModelSpec.from_gguf("target", g, args_from_gguf(g))
+    file_size = g.path.stat().st_size
+    p = plan([spec], 4096, 1, 8, "int4", "auto", available=1)
+    dense = plan([spec], 4096, 1, 8, "dense", "bfloat16", available=1)
+    n_params = sum(math.prod(shape) for _, shape in spec.tensors.values())
+    assert dense.rows[0].weights == pytest.approx(2 * n_params, rel=0.01)
+    # int4 keeps the Q4_K matrices at 5 bits, but the embedding, the Q6_K output projection
+    # and the Q6_K layers become bf16: more than the file, well under dense bf16.
+    assert file_size < p.rows[0].weights < 2 * file_size
+    assert p.rows[0].weights < 0.7 * dense.rows[0].weights
+    # KV cache: 28 layers, 2 kv heads of 128, 4105 positions, bf16
+    assert p.rows[0].kv_cache == 4105 * 2 * 28 * 2 * 128 * 2

@@ -1,0 +1,480 @@
+"""`tandem serve` as a real process on 127.0.0.1, with tiny GGUF models written by the test.
+
+Two servers start once for the module:
+- A: target + draft (the same weights, so greedy drafts are accepted), draft-simple, 2 slots,
+  an API key;
+- B: target alone, ngram-simple, 1 slot, a queue of 1 and a 5-second --timeout.
+
+Both run with one torch thread (-t 1): tiny models gain nothing from more, and a shared
+2-core machine makes spinning OpenMP threads twenty times slower.
+
+The real tier starts llama-server's two documented command lines with the default pair.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import tiny
+
+SERVE = [sys.executable, "-m", "tandem.server"]  # DEV
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+GREEDY = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "Once upon a time there was",
+    "import os\nimport sys\n",
+    "for i in range(10):",
+    "Summarize the following document",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `tandem serve` subprocess; stderr goes to a file (a full pipe would block it)."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [*SERVE, *args, "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.health_seen: list[tuple[int, dict]] = []
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=2)
+            except httpx.TransportError:
+                time.sleep(0.05)
+                continue
+            self.health_seen.append((r.status_code, r.json()))
+            if r.status_code == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    d = tmp_path_factory.mktemp("server")
+    model = tiny.hf_model("qwen2", seed=0)
+    target = tiny.write_gguf(model, d / "target.gguf", "qwen2")
+    draft = tiny.write_gguf(model, d / "draft.gguf", "qwen2")
+    a = Server(["--model", str(target), "--model-draft", str(draft), "--ctx-size", "256",
+                "--parallel", "2", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
+                "--spec-draft-p-min", "0", "--api-key", KEY, "--alias", "tiny", "-t", "1"],
+               d / "a.log")
+    b = Server(["--model", str(target), "--ctx-size", "2048", "--parallel", "1",
+                "--spec-type", "ngram-simple", "--queue-size", "1", "--timeout", "5", "-t", "1"],
+               d / "b.log")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both load at once
+            list(pool.map(lambda s: s.wait_ready(120), (a, b)))
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def srv(servers) -> Server:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def srv_b(servers) -> Server:
+    return servers[1]
+
+
+# server A wants the key; server B has none and ignores the header
+def post(server: Server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=60)
+
+
+def get(server: Server, path: str) -> httpx.Response:
+    return httpx.get(f"{server.url}{path}", headers=AUTH, timeout=30)
+
+
+def complete(server: Server, prompt, n: int = 16, **extra) -> dict:
+    r = post(server, "/completion", {"prompt": prompt, "n_predict": n, "cache_prompt": False,
+                                     **GREEDY, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream_events(server: Server, path: str, body: dict) -> list:
+    """The `data:` payloads of an SSE answer, JSON-decoded ("[DONE]" kept as is)."""
+    out = []
+    with httpx.stream("POST", f"{server.url}{path}", json=body, headers=AUTH,
+                      timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def metrics(server: Server) -> dict[str, float]:
+    r = get(server, "/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    values = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+# -- startup, health, props ------------------------------------------------------------------
+
+def test_health_is_503_while_loading_then_ok(srv, srv_b):
+    for s in (srv, srv_b):
+        statuses = [code for code, _ in s.health_seen]
+        assert statuses[-1] == 200 and s.health_seen[-1][1] == {"status": "ok"}
+        loading = [body for code, body in s.health_seen if code == 503]
+        assert loading, f"the server answered only after loading: {s.health_seen}"
+        assert loading[0]["error"]["message"] == "Loading model"
+
+
+def test_startup_log_says_what_runs(srv, srv_b):
+    log_a, log_b = srv.log(), srv_b.log()
+    assert "spec type: draft-simple" in log_a
+    assert "compatible: gpt2 vocabulary" in log_a
+    assert "memory plan" in log_a and "fits: yes" in log_a
+    assert "speculation: ON: draft-simple with draft.gguf" in log_a
+    assert "speculation: ON: ngram-simple" in log_b
+
+
+def test_props_models_slots(srv):
+    p = get(srv, "/props").json()
+    assert p["total_slots"] == 2
+    assert p["model_path"].endswith("target.gguf")
+    assert p["draft_model_path"].endswith("draft.gguf")
+    assert p["speculative"]["type"] == "draft-simple" and p["speculative"]["n_max"] == 4
+    assert p["default_generation_settings"]["n_ctx"] == 256
+    assert "<|im_start|>" in p["chat_template"]
+    models = get(srv, "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    slots = get(srv, "/slots").json()
+    assert [s["id"] for s in slots] == [0, 1]
+    assert all(s["n_ctx"] == 256 and s["speculative"] for s in slots)
+
+
+# -- /completion -----------------------------------------------------------------------------
+
+def test_benchmark_request_reports_draft_stats(srv):
+    """What scripts/speculative-benchmark.py sends; identical draft weights accept greedily."""
+    r = complete(srv, PROMPTS[0], n=24, seed=42, stream=False)
+    t = r["timings"]
+    assert r["tokens_predicted"] == t["predicted_n"] == 24
+    assert r["stop_type"] == "limit" and r["truncated"] is False
+    assert t["draft_n"] > 0 and t["draft_n_accepted"] == t["draft_n"]
+    assert t["prompt_n"] == r["tokens_evaluated"] > 0
+    assert t["predicted_ms"] > 0 and t["predicted_per_second"] > 0
+    assert r["speculative"]["type"] == "draft-simple"
+    assert r["model"] == "tiny"
+
+
+def test_speculation_does_not_change_greedy_output(srv):
+    with_draft = complete(srv, PROMPTS[1], n=20)
+    alone = complete(srv, PROMPTS[1], n=20, **{"speculative.type": "none"})
+    ngram = complete(srv, PROMPTS[1], n=20, **{"speculative.type": "ngram-simple",
+                                                "speculative.n_max": 2})
+    assert alone["tokens"] == with_draft["tokens"] == ngram["tokens"]
+    assert alone["content"] == with_draft["content"]
+    assert "draft_n" not in alone["timings"] and with_draft["timings"]["draft_n"] > 0
+
+
+def test_stream_reassembles_to_the_plain_answer(srv):
+    plain = complete(srv, PROMPTS[2], n=20)
+    events = stream_events(srv, "/completion", {"prompt": PROMPTS[2], "n_predict": 20,
+                                                "cache_prompt": False, "stream": True, **GREEDY})
+    chunks, final = events[:-1], events[-1]
+    assert len(chunks) >= 2 and all(c["stop"] is False for c in chunks)
+    assert "".join(c["content"] for c in chunks) + final["content"] == plain["content"]
+    assert [t for c in chunks for t in c["tokens"]] == plain["tokens"]
+    assert all(len(c["from_draft"]) == len(c["tokens"]) for c in chunks)
+    assert any(f for c in chunks for f in c["from_draft"])  # accepted drafts are marked
+    assert final["stop"] is True and final["timings"]["predicted_n"] == 20
+    assert final["timings"]["draft_n"] > 0
+
+
+def test_stop_string_cuts_the_answer_streamed_or_not(srv):
+    full = complete(srv, PROMPTS[3], n=24)["content"]
+    stop = full[6:9]
+    cut = full[: full.index(stop)]
+    r = complete(srv, PROMPTS[3], n=24, stop=[stop])
+    assert (r["content"], r["stop_type"], r["stopping_word"]) == (cut, "word", stop)
+    events = stream_events(srv, "/completion", {"prompt": PROMPTS[3], "n_predict": 24,
+                                                "stop": [stop], "stream": True, **GREEDY})
+    assert "".join(e["content"] for e in events) == cut
+
+
+def test_token_prompt_and_n_probs(srv):
+    ids = post(srv, "/tokenize", {"content": PROMPTS[4]}).json()["tokens"]
+    by_text = complete(srv, PROMPTS[4], n=8)
+    r = complete(srv, ids, n=8, n_probs=3)
+    assert r["tokens"] == by_text["tokens"]
+    probs = r["completion_probabilities"]
+    assert [p["id"] for p in probs] == r["tokens"]
+    for p in probs:
+        tops = [t["logprob"] for t in p["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert p["top_logprobs"][0]["id"] == p["id"]  # greedy picks the most likely token
+    assert post(srv, "/detokenize", {"tokens": ids}).json()["content"] == PROMPTS[4]
+
+
+def test_seeded_sampling_is_reproducible(srv):
+    body = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7}
+    a = complete(srv, PROMPTS[5], n=12, **body)
+    b = complete(srv, PROMPTS[5], n=12, **body)
+    assert a["tokens"] == b["tokens"] and a["seed"] == 7
+
+
+# -- OpenAI API ------------------------------------------------------------------------------
+
+def test_openai_client_chat_and_completions(srv):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0)
+    greedy = {"temperature": 0.0, "top_p": 1.0, "extra_body": {"top_k": 1}}
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                          **greedy)
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage.completion_tokens == 10
+    rendered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # tiny's ChatML
+    n_prompt = len(post(srv, "/tokenize", {"content": rendered}).json()["tokens"])
+    assert chat.usage.prompt_tokens == n_prompt
+    pieces = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                            stream=True, **greedy)
+    chunks = list(pieces)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        chat.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+    text = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, **greedy)
+    assert text.choices[0].text == complete(srv, PROMPTS[0], n=12)["content"]
+    assert text.usage.completion_tokens == 12
+    streamed = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12,
+                                         stream=True, **greedy)
+    assert "".join(c.choices[0].text for c in streamed) == text.choices[0].text
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_chat_stream_ends_with_done(srv):
+    events = stream_events(srv, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,
+        **GREEDY})
+    assert events[-1] == "[DONE]"
+    last = events[-2]
+    assert last["object"] == "chat.completion.chunk"
+    assert last["usage"]["completion_tokens"] == 4 and "draft_n" in last["timings"]
+
+
+# -- slots working together ------------------------------------------------------------------
+
+def test_two_slots_six_requests_match_sequential_runs(srv):
+    before = metrics(srv)
+    alone = [complete(srv, p, n=16) for p in PROMPTS]
+    middle = metrics(srv)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda p: complete(srv, p, n=16), PROMPTS))
+    after = metrics(srv)
+    assert [r["content"] for r in together] == [r["content"] for r in alone]
+    assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
+    assert {r["id_slot"] for r in together} == {0, 1}
+
+    def delta(name: str, a: dict, b: dict) -> float:
+        return b.get(name, 0.0) - a.get(name, 0.0)
+
+    for results, a, b in ((alone, before, middle), (together, middle, after)):
+        assert delta("tandem:tokens_predicted_total", a, b) == \
+            sum(r["tokens_predicted"] for r in results)
+        assert delta("tandem:prompt_tokens_total", a, b) == \
+            sum(r["timings"]["prompt_n"] for r in results)
+        assert delta("tandem:spec_decode_num_draft_tokens_total", a, b) == \
+            sum(r["timings"]["draft_n"] for r in results)
+        assert delta("tandem:spec_decode_num_accepted_tokens_total", a, b) == \
+            sum(r["timings"]["draft_n_accepted"] for r in results)
+        assert delta("tandem:spec_decode_num_drafts_total", a, b) == \
+            sum(r["speculative"]["n_drafts"] for r in results)
+        assert delta('tandem:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+                     a, b) == sum(r["speculative"]["accepted_per_pos"][0] for r in results)
+    # batched: two slots share each forward pass, so fewer passes for the same work
+    assert delta("tandem:n_decode_total", middle, after) < \
+        delta("tandem:n_decode_total", before, middle)
+    assert after["tandem:requests_processing"] == 0 and after["tandem:requests_deferred"] == 0
+
+
+def test_disconnected_stream_frees_its_slot(srv):
+    body = {"prompt": PROMPTS[0], "n_predict": 200, "stream": True, "ignore_eos": True, **GREEDY}
+    with httpx.stream("POST", f"{srv.url}/completion", json=body, headers=AUTH,
+                      timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        assert any(s["is_processing"] for s in get(srv, "/slots").json())
+    deadline = time.monotonic() + 10
+    while any(s["is_processing"] for s in get(srv, "/slots").json()):
+        assert time.monotonic() < deadline, "the slot stayed busy after the client left"
+        time.sleep(0.05)
+    assert metrics(srv)["tandem:requests_processing"] == 0
+    assert complete(srv, PROMPTS[1], n=4)["tokens_predicted"] == 4
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+BAD_REQUESTS = [
+    # (path, raw body or JSON, extra headers, status, part of the message)
+    ("/completion", b"{not json", {}, 400, "not valid JSON"),
+    ("/completion", [1, 2], {}, 400, "JSON object"),
+    ("/completion", {"prompt": "x", "temperature": "hot"}, {}, 400, "temperature"),
+    ("/completion", {"prompt": "x", "n_predict": True}, {}, 400, "n_predict"),
+    ("/completion", {"prompt": "x", "top_p": 1.5}, {}, 400, "top_p"),
+    ("/completion", {"prompt": "x", "min_p": -0.1}, {}, 400, "min_p"),
+    ("/completion", {"prompt": "x", "temperature": -1}, {}, 400, "temperature"),
+    ("/completion", {"prompt": "x", "n_predict": -2}, {}, 400, "n_predict"),
+    ("/completion", {"prompt": "x", "n_predict": 10**6}, {}, 400, "larger than the context"),
+    ("/completion", {"prompt": "hello " * 400}, {}, 400, "--ctx-size"),
+    ("/completion", {"prompt": ""}, {}, 400, "empty"),
+    ("/completion", {"prompt": [10**6]}, {}, 400, "outside the vocabulary"),
+    ("/completion", {"n_predict": 4}, {}, 400, "prompt"),
+    ("/completion", {"prompt": "x", "speculative.type": "eagle"}, {}, 400, "eagle"),
+    ("/completion", {"prompt": "x", "id_slot": 5}, {}, 400, "id_slot 5"),
+    ("/v1/chat/completions", {"messages": []}, {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, {}, 400, "role"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, {}, 400, "n = 1"),
+    ("/completion", {"prompt": "x"}, {"Authorization": "Bearer wrong"}, 401, "invalid API key"),
+    ("/completion", {"prompt": "x"}, {"Authorization": ""}, 401, "missing API key"),
+    ("/nowhere", {}, {}, 404, "no such endpoint"),
+    ("/completion", b"[" + b"1," * (6 * 1024 * 1024) + b"1]", {}, 413, "larger than 10 MB"),
+]
+
+
+@pytest.mark.parametrize("path,body,headers,status,message", BAD_REQUESTS,
+                         ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD_REQUESTS)])
+def test_bad_request_gets_its_status(srv, path, body, headers, status, message):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{srv.url}{path}", content=content, timeout=30,
+                   headers={**AUTH, "Content-Type": "application/json", **headers})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert message in err["message"] and err["code"] == status and err["type"]
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+
+
+def test_health_needs_no_key_but_metrics_does(srv):
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    r = httpx.get(f"{srv.url}/metrics")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+# -- server B: n-gram speculation, no draft, a queue of one, a short timeout --------------------
+
+def test_ngram_benchmark_request_reports_draft_stats(srv_b):
+    prompt = "a b c d e f a b c d e f a b c d e f a b c"
+    r = complete(srv_b, prompt, n=16)
+    assert r["timings"]["draft_n"] > 0 and "draft_n_accepted" in r["timings"]
+    assert r["speculative"]["type"] == "ngram-simple"
+    assert r["tokens"] == complete(srv_b, prompt, n=16, **{"speculative.type": "none"})["tokens"]
+
+
+def test_draft_simple_without_a_draft_is_refused(srv_b):
+    r = post(srv_b, "/completion", {"prompt": "x", "speculative.type": "draft-simple"})
+    assert r.status_code == 400 and "--model-draft" in r.json()["error"]["message"]
+
+
+def test_full_queue_answers_503(srv_b):
+    long = {"prompt": PROMPTS[0], "n_predict": -1, "ignore_eos": True, "stream": True, **GREEDY}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with httpx.stream("POST", f"{srv_b.url}/completion", json=long, timeout=60) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))  # slot busy
+            queued = pool.submit(complete, srv_b, PROMPTS[1], 2)
+            deadline = time.monotonic() + 3
+            while metrics(srv_b)["tandem:requests_deferred"] < 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.02)
+            busy = post(srv_b, "/completion", {"prompt": "x", "n_predict": 2})
+            assert busy.status_code == 503, busy.text
+            assert "busy" in busy.json()["error"]["message"]
+        # the long stream's client left: its slot goes to the queued request
+        assert queued.result()["tokens_predicted"] == 2
+    assert httpx.get(f"{srv_b.url}/health").status_code == 200
+
+
+def test_timeout_ends_a_long_stream_with_an_error(srv_b):
+    long = {"prompt": PROMPTS[0], "n_predict": -1, "ignore_eos": True, "stream": True, **GREEDY}
+    t0 = time.monotonic()
+    events = stream_events(srv_b, "/completion", long)
+    assert 4.5 < time.monotonic() - t0 < 20
+    assert events[-1]["error"]["code"] == 408 and "--timeout" in events[-1]["error"]["message"]
+    assert len(events) > 1 and events[0]["stop"] is False  # it was generating until then
+    assert complete(srv_b, PROMPTS[1], n=2)["tokens_predicted"] == 2
+
+
+# -- real models: llama-server's command lines, only the program name changed ------------------
+
+@pytest.mark.real
+@pytest.mark.parametrize("spec", ["none", "draft-simple"])
+def test_real_command_lines(tmp_path, spec):
+    from tandem import registry
+
+    target = registry.pull("default")
+    args = ["--model", str(target), "--ctx-size", "8192", "--parallel", "1"]
+    if spec == "draft-simple":
+        args += ["--model-draft", str(registry.pull("default-draft")), "--spec-type",
+                 "draft-simple", "--spec-draft-n-max", "4"]
+    else:
+        args += ["--spec-type", "none"]
+    s = Server(args, tmp_path / "server.log")
+    try:
+        s.wait_ready(300)
+        r = httpx.post(f"{s.url}/completion", timeout=120, json={
+            "prompt": "def fibonacci(n):", "n_predict": 8, "cache_prompt": False, **GREEDY})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["tokens_predicted"] == 8 and out["content"].strip()
+        assert ("draft_n" in out["timings"]) == (spec == "draft-simple")
+        assert re.search(rf"speculation: {'ON' if spec != 'none' else 'OFF'}", s.log())
+    finally:
+        s.stop()

@@ -1,0 +1,175 @@
+"""Tiny random models for tests: the same weights as a Hugging Face safetensors directory and
+as a GGUF file written with gguf.GGUFWriter, plus a small byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "for i in range(10):\n    print(i * i)\n",
+    "Summarize the following document in three sentences.",
+    "Once upon a time there was a small robot who loved to read.",
+    "import os\nimport sys\n\nclass Model:\n    pass\n",
+    "héllo wörld — ünïcode ✓ 日本語 😀",
+]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n'"
+    " }}{% endif %}"
+)
+
+
+@lru_cache(maxsize=1)
+def bpe() -> tuple[list[str], list[str]]:
+    """(tokens by id, merges) of a byte-level BPE trained on CORPUS; specials at the end."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    state = json.loads(tok.to_str())["model"]
+    vocab = state["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])] + SPECIALS
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
+    return tokens, merges
+
+
+def config(arch: str, **over) -> dict:
+    tokens, _ = bpe()
+    cfg = dict(
+        hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(tokens), max_position_embeddings=512,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+        bos_token_id=len(tokens) - 3, eos_token_id=len(tokens) - 1,
+    )
+    cfg.update(over)
+    return cfg
+
+
+def hf_model(arch: str, seed: int = 0, **over):
+    """A transformers model with random weights (float32), scaled so logits are informative."""
+    import transformers
+
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        c = transformers.Qwen2Config(**config(arch, **over))
+        m = transformers.Qwen2ForCausalLM(c)
+    elif arch == "llama":
+        c = transformers.LlamaConfig(**config(arch, **over))
+        m = transformers.LlamaForCausalLM(c)
+    else:
+        raise ValueError(arch)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif p.dim() == 1:  # biases
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 * 1.5)
+    return m.eval()
+
+
+def write_hf(model, path: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens, merges = bpe()
+    model.save_pretrained(path, safe_serialization=True)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[0],
+                                   eos_token=SPECIALS[2], additional_special_tokens=SPECIALS[1:2])
+    fast.chat_template = CHATML
+    fast.save_pretrained(path)
+    return path
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's llama q/k permutation (neox halves -> interleaved pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
+def write_gguf(model, path: Path, arch: str, qtype=None) -> Path:
+    """The model's weights in a GGUF file with the tokenizer metadata llama.cpp writes.
+
+    qtype: a gguf.GGMLQuantizationType to quantize 2-D weights with (default F32).
+    """
+    import gguf
+
+    c = model.config
+    tokens, merges = bpe()
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or
+                               c.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "llama-bpe")
+    w.add_token_list(tokens)
+    types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(len(tokens) - 3)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_add_bos_token(arch == "llama")
+    w.add_chat_template(CHATML)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+        "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+        "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+        "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if name.startswith("model.layers."):
+            i, rest = name[len("model.layers."):].split(".", 1)
+            out = f"blk.{i}.{per_layer[rest]}"
+        else:
+            out = names[name]
+        a = t.detach().float().numpy().copy()
+        if arch == "llama" and rest_is(name, "q_proj"):
+            a = _permute(a, c.num_attention_heads)
+        elif arch == "llama" and rest_is(name, "k_proj"):
+            a = _permute(a, c.num_key_value_heads)
+        if qtype is not None and a.ndim == 2:
+            a = gguf.quants.quantize(a, qtype)
+            w.add_tensor(out, a, raw_dtype=qtype)
+        else:
+            w.add_tensor(out, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def rest_is(name: str, proj: str) -> bool:
+    return f"self_attn.{proj}." in name
