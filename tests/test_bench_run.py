@@ -137,7 +137,8 @@ def test_configurations_with_unequal_work_are_listed_but_not_ranked(tmp_path):
     for name, (wall, content) in variants.items():
         reqs = [request("a", 1, wall, content=content), request("b", 1, wall, content="same")]
         cand = compare.load_run(bench_file(tmp_path / f"{name}.json", name, reqs), name)
-        entries.append((bench.Variant(name, "ngram-simple"), cand, compare.compare_runs(base, cand)))
+        variant = bench.Variant(name, "ngram-simple")
+        entries.append((variant, cand, compare.compare_runs(base, cand)))
 
     rows = bench.ranking(entries)
     assert [(r["name"], r["rank"]) for r in rows] == [("fast", 1), ("slow", 2), ("wrong", None)]
@@ -184,6 +185,10 @@ def test_ctrl_c_stops_the_server(models, tmp_path, monkeypatch, capsys):
     assert_servers_stopped(tmp_path / "out")
 
 
+def no_server(*args) -> None:
+    raise AssertionError("a server was started although the flags are bad")
+
+
 @pytest.mark.parametrize("argv, phrase", [
     (["--passes", "0"], "--passes must be >= 1, got 0"),
     (["--sweep", "--spec-type", "ngram-simple"], "--sweep chooses the spec types itself"),
@@ -194,7 +199,8 @@ def test_ctrl_c_stops_the_server(models, tmp_path, monkeypatch, capsys):
     (["--client", "nowhere.py"], "'nowhere.py' does not exist"),
     (["--prompts", "BAD"], "prompts.jsonl:1: not valid JSON"),
 ])
-def test_bad_flags_fail_before_any_server_starts(tmp_path, argv, phrase):
+def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, phrase):
+    monkeypatch.setattr(bench, "measure", no_server)
     bad = tmp_path / "prompts.jsonl"
     bad.write_text("{not json\n", encoding="utf-8")
     argv = [str(bad) if a == "BAD" else a for a in argv]
@@ -203,7 +209,8 @@ def test_bad_flags_fail_before_any_server_starts(tmp_path, argv, phrase):
     assert not (tmp_path / "out").exists()
 
 
-def test_results_are_never_written_over(tmp_path):
+def test_results_are_never_written_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "measure", no_server)
     out = tmp_path / "out"
     out.mkdir()
     (out / "baseline.json").write_text("{}", encoding="utf-8")

@@ -3,7 +3,8 @@
 Two servers start once for the module:
 - A: target + draft (the same weights, so greedy drafts are accepted), draft-simple, 2 slots,
   an API key;
-- B: target alone, ngram-simple, 1 slot, a queue of 1 and a 5-second --timeout.
+- B: target alone, ngram-simple, 1 slot, a queue of 1 and a 4-second --timeout;
+and, once those are up, a third that cannot load its model and must exit.
 
 Both run with one torch thread (-t 1): tiny models gain nothing from more, and a shared
 2-core machine makes spinning OpenMP threads twenty times slower.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import re
 import socket
 import subprocess
@@ -28,7 +28,7 @@ import pytest
 
 from tests import tiny
 
-SERVE = [sys.executable, "-m", "tandem.server"]  # DEV
+SERVE = [sys.executable, "-m", "tandem.cli", "serve"]
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 GREEDY = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
@@ -51,14 +51,14 @@ def free_port() -> int:
 class Server:
     """A `tandem serve` subprocess; stderr goes to a file (a full pipe would block it)."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict | None = None) -> None:
+    def __init__(self, args: list[str], log_path: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [*SERVE, *args, "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            stdout=self._log, stderr=subprocess.STDOUT)
         self.health_seen: list[tuple[int, dict]] = []
 
     def wait_ready(self, timeout: float) -> None:
@@ -100,16 +100,20 @@ def servers(tmp_path_factory):
                 "--parallel", "2", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
                 "--spec-draft-p-min", "0", "--api-key", KEY, "--alias", "tiny", "-t", "1"],
                d / "a.log")
-    b = Server(["--model", str(target), "--ctx-size", "2048", "--parallel", "1",
-                "--spec-type", "ngram-simple", "--queue-size", "1", "--timeout", "5", "-t", "1"],
+    b = Server(["--model", str(target), "--ctx-size", "8192", "--parallel", "1",
+                "--spec-type", "ngram-simple", "--queue-size", "1", "--timeout", "4", "-t", "1"],
                d / "b.log")
+    started = [a, b]
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both load at once
             list(pool.map(lambda s: s.wait_ready(120), (a, b)))
-        yield a, b
+        # a third one that cannot load its model; it fails while the tests run
+        (d / "broken.gguf").write_bytes(b"this is not a GGUF file")
+        started.append(Server(["--model", str(d / "broken.gguf")], d / "broken.log"))
+        yield started
     finally:
-        a.stop()
-        b.stop()
+        for s in started:
+            s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +186,37 @@ def test_startup_log_says_what_runs(srv, srv_b):
     assert "memory plan" in log_a and "fits: yes" in log_a
     assert "speculation: ON: draft-simple with draft.gguf" in log_a
     assert "speculation: ON: ngram-simple" in log_b
+
+
+def test_bad_flags_fail_before_listening(tmp_path):
+    t0 = time.monotonic()
+    for args, message in ((["--model", str(tmp_path / "missing.gguf")], "no such file"),
+                          (["--spec-type", "eagle"], "unknown spec type 'eagle'")):
+        r = subprocess.run([*SERVE, *args, "--port", str(free_port())], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30  # no model was loaded
+
+
+def test_default_pair_and_api_key_from_the_environment(monkeypatch):
+    """Flags only (nothing is loaded): no --model and no --model-draft serves the default pair."""
+    import argparse
+
+    from tandem.server import cli
+
+    monkeypatch.setenv("TANDEM_API_KEY", "from-env")
+
+    def settings(*argv: str):
+        p = argparse.ArgumentParser()
+        cli.add_arguments(p)
+        args = p.parse_args(list(argv))
+        return cli._settings(args), args
+
+    s, args = settings()
+    assert (s.model, s.model_draft, args.spec_type) == ("default", "default-draft", None)
+    assert s.api_key == "from-env" and s.max_queue == 4
+    s, _ = settings("--spec-type", "none", "-np", "3", "--api-key", "flag")
+    assert (s.model, s.model_draft, s.api_key, s.max_queue) == ("default", None, "flag", 12)
 
 
 def test_props_models_slots(srv):
@@ -347,19 +382,31 @@ def test_two_slots_six_requests_match_sequential_runs(srv):
     assert after["tandem:requests_processing"] == 0 and after["tandem:requests_deferred"] == 0
 
 
-def test_disconnected_stream_frees_its_slot(srv):
-    body = {"prompt": PROMPTS[0], "n_predict": 200, "stream": True, "ignore_eos": True, **GREEDY}
-    with httpx.stream("POST", f"{srv.url}/completion", json=body, headers=AUTH,
-                      timeout=60) as r:
-        lines = r.iter_lines()
-        assert next(line for line in lines if line.startswith("data: "))
-        assert any(s["is_processing"] for s in get(srv, "/slots").json())
+def wait_slot_free(server: Server) -> None:
     deadline = time.monotonic() + 10
-    while any(s["is_processing"] for s in get(srv, "/slots").json()):
+    while get(server, "/slots").json()[0]["is_processing"]:
         assert time.monotonic() < deadline, "the slot stayed busy after the client left"
         time.sleep(0.05)
-    assert metrics(srv)["tandem:requests_processing"] == 0
-    assert complete(srv, PROMPTS[1], n=4)["tokens_predicted"] == 4
+
+
+def test_disconnected_client_frees_its_slot(srv_b):
+    """Server B's single slot: requests that would run for seconds, left early."""
+    body = {"prompt": PROMPTS[0], "n_predict": -1, "ignore_eos": True, "stream": True, **GREEDY}
+    with httpx.stream("POST", f"{srv_b.url}/completion", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        slots = get(srv_b, "/slots").json()
+        assert slots[0]["is_processing"]
+        task = slots[0]["id_task"]
+    wait_slot_free(srv_b)
+    assert f"request {task} cancelled (client went away)" in srv_b.log()
+
+    with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
+        httpx.post(f"{srv_b.url}/completion", json={**body, "stream": False}, timeout=0.5)
+    wait_slot_free(srv_b)
+    assert f"request {task + 1} cancelled (client went away)" in srv_b.log()
+    assert metrics(srv_b)["tandem:requests_processing"] == 0
+    assert complete(srv_b, PROMPTS[1], n=4)["tokens_predicted"] == 4
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -428,7 +475,8 @@ def test_full_queue_answers_503(srv_b):
     long = {"prompt": PROMPTS[0], "n_predict": -1, "ignore_eos": True, "stream": True, **GREEDY}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         with httpx.stream("POST", f"{srv_b.url}/completion", json=long, timeout=60) as r:
-            next(line for line in r.iter_lines() if line.startswith("data: "))  # slot busy
+            lines = r.iter_lines()  # kept: dropping it would close the connection
+            assert next(line for line in lines if line.startswith("data: "))  # slot busy
             queued = pool.submit(complete, srv_b, PROMPTS[1], 2)
             deadline = time.monotonic() + 3
             while metrics(srv_b)["tandem:requests_deferred"] < 1:
@@ -446,10 +494,16 @@ def test_timeout_ends_a_long_stream_with_an_error(srv_b):
     long = {"prompt": PROMPTS[0], "n_predict": -1, "ignore_eos": True, "stream": True, **GREEDY}
     t0 = time.monotonic()
     events = stream_events(srv_b, "/completion", long)
-    assert 4.5 < time.monotonic() - t0 < 20
+    assert 3.5 < time.monotonic() - t0 < 20
     assert events[-1]["error"]["code"] == 408 and "--timeout" in events[-1]["error"]["message"]
     assert len(events) > 1 and events[0]["stop"] is False  # it was generating until then
     assert complete(srv_b, PROMPTS[1], n=2)["tokens_predicted"] == 2
+
+
+def test_a_model_that_fails_to_load_stops_the_server(servers):
+    broken = servers[2]  # started after A and B were ready; last here, so it had time
+    assert broken.proc.wait(timeout=60) == 2
+    assert "error:" in broken.log() and "broken.gguf" in broken.log()
 
 
 # -- real models: llama-server's command lines, only the program name changed ------------------

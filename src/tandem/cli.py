@@ -217,11 +217,23 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_arguments(c)
     c.set_defaults(func=check.run)
 
+    from .server import cli as server_cli
+
+    s = sub.add_parser("serve", help="serve the HTTP API (llama-server's flags)")
+    server_cli.add_arguments(s)
+    s.set_defaults(func=server_cli.run)
+
     from .bench import compare
 
     cmp = sub.add_parser("compare", help="compare two benchmark JSON files (equal work)")
     compare.add_arguments(cmp)
     cmp.set_defaults(func=compare.run)
+
+    from .bench import run as bench_run
+
+    b = sub.add_parser("bench", help="serve target alone, then speculation; compare (equal work)")
+    bench_run.add_arguments(b)
+    b.set_defaults(func=bench_run.run)
     return p
 
 

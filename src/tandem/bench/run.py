@@ -19,6 +19,10 @@ stopped before the next one starts, so two servers never share the CPU. The comp
 draft-simple against one baseline, and ranks them by the median wall-time speed-up of a whole
 pass. A configuration whose output differs from the baseline's (the equal-work check) is listed
 with the reasons and never ranked: its "speed-up" would compare different work.
+
+Exit status: 0; 1 when some output differed from the baseline's (everything is still written);
+2 for a bad flag or --prompts file; 130 when interrupted (Ctrl-C or SIGTERM; servers stopped).
+A server that fails to load or a failed client run is a TandemError with their last log lines.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from . import compare
 
 HOST = "127.0.0.1"
 CLIENT = Path("scripts") / "speculative-benchmark.py"  # relative to the repository root
-SERVE = [sys.executable, "-m", "tandem.server"]  # `python -m tandem.server` is `tandem serve`
+SERVE = [sys.executable, "-m", "tandem.cli", "serve"]  # `tandem serve`, with this interpreter
 EXIT_NOT_EQUAL = 1  # everything was measured and written, but some output differed
 
 
@@ -207,11 +211,14 @@ def _validate(args: argparse.Namespace, variant: Variant, draft: str | None) -> 
 
 
 def _spec_namespace(args: argparse.Namespace, variant: Variant, draft: str | None):
-    n_max = args.spec_draft_n_max if variant.n_max is None else variant.n_max
+    """The flags of one configuration; a sweep's n-max lowers --spec-draft-n-min to fit."""
+    n_max, n_min = args.spec_draft_n_max, args.spec_draft_n_min
+    if variant.n_max is not None:
+        n_max, n_min = variant.n_max, min(n_min, variant.n_max)
     return argparse.Namespace(**{
         **vars(args), "spec_type": variant.spec_type,
         "model_draft": draft if variant.uses_draft else None,
-        "spec_draft_n_max": n_max, "spec_draft_n_min": min(args.spec_draft_n_min, n_max),
+        "spec_draft_n_max": n_max, "spec_draft_n_min": n_min,
     })
 
 
@@ -417,7 +424,8 @@ def measure(plan: Plan, variant: Variant, step: str) -> Path:
 
 
 def run_client(command: list[str], server: Server) -> None:
-    """Run the client, its progress streaming through; TandemError with its last words on failure."""
+    """Run the client with its progress streaming through; on failure, TandemError with its
+    last lines and the server's."""
     last: deque[str] = deque(maxlen=5)
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           stdin=subprocess.DEVNULL) as p:

@@ -1,18 +1,20 @@
 """Weights: dequantizing any GGUF tensor; repacking 4-bit GGUF blocks for PyTorch's CPU int4 kernel.
 
 The int4 kernel (`torch._weight_int4pack_mm_for_cpu`, aten/src/ATen/native/cpu/int4mm_kernel.cpp),
-as checked by experiment on torch 2.13:
+as read there and checked by experiment on torch 2.13 (this machine runs its AVX2 build):
 
 - weight: `torch._convert_weight_to_int4pack_for_cpu(q, inner_k_tiles)` with q int32 (N, K), values
-  0..15, N % 16 == 0; it returns uint8 (N, K/2) in a layout that depends on the CPU's vector width
-  (AVX-512 interleaves 64-row blocks as nibble pairs (n, n+32)), so pack at load time on the machine
-  that runs it, never cache the packed bytes. inner_k_tiles is ignored on the CPU.
+  0..15, N % 16 == 0, K even; it returns uint8 (N, K/2) in a layout that depends on the CPU build
+  (AVX-512 pairs rows n and n+32 of each 64-row block in one byte, AVX2 rows n and n+16 of each
+  32-row block), so pack at load time on the machine that runs it and never cache the bytes.
+  inner_k_tiles is ignored on the CPU.
 - scales_and_zeros: (K/group, N, 2) in the activation dtype: [..., 0] the scale s, [..., 1] the
-  zero z.
-- each weight is dequantized in float32 as `fma(q - 8, s, z)`: z is the value at the middle of the
-  16-level grid, not an integer zero point. The group size is 32, 64, 128 or 256 along K.
-- activations: 2-D contiguous, bf16 on the fast path (fp16/fp32 run a scalar loop, ~15x slower);
-  products accumulate in float32; the output is rounded to the activation dtype.
+  zero z; group size 32, 64, 128 or 256 along K.
+- each weight is dequantized in float32 as (q - 8) * s + z: z is the value at the middle of the
+  16-level grid, not an integer zero point (AVX-512: fma(q - 8, s, z); AVX2: fma(q, s, z - 8 s)).
+- activations: 2-D contiguous; only bf16 has a vectorized kernel (fp16/fp32 run a scalar loop,
+  ~15x slower); products accumulate in float32 and the output is rounded to bf16. M is processed
+  in blocks of 4 rows, each block dequantizing the weights again.
 
 A GGUF Q4_0 / Q4_1 / Q4_K group of 32 weights is `w = scale * q + offset` with q in 0..15, so it
 maps onto the kernel with group size 32 as s = scale, z = offset + 8 * scale. The only loss is
@@ -146,7 +148,8 @@ def kernel_scales_and_zeros(blocks: Affine4Bit) -> torch.Tensor:
 
 
 def kernel_weight(blocks: Affine4Bit) -> torch.Tensor:
-    """(N, K) float32: the weights as the int4 kernel sees them, fma(q - 8, s_bf16, z_bf16)."""
+    """(N, K) float32: the weights as the int4 kernel sees them, (q - 8) * s_bf16 + z_bf16 (equal to
+    the AVX-512 kernel's; the AVX2 kernel's rounds z - 8 s first, a few float32 ulps away)."""
     sz = kernel_scales_and_zeros(blocks).float().transpose(0, 1)  # (N, K/32, 2)
     n, k = blocks.q.shape
     q = torch.from_numpy(blocks.q.astype(np.float32)).reshape(n, k // GROUP_SIZE, GROUP_SIZE)

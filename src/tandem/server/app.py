@@ -20,11 +20,11 @@ import logging
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SamplingParams
 from .jobs import off_loop, read_body, sse_response, submit, wait_result
-from .metrics import CONTENT_TYPE_LATEST
 from .prepare import build_request, n_predict_of, prompt_ids
 from .results import generation_settings, spec_settings
 from .schemas import ApiError, CompletionBody, parse_body

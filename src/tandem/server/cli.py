@@ -113,6 +113,8 @@ def _settings(a: argparse.Namespace):
     if "draft-simple" not in spec_config(a).types:
         a.model_draft = None  # warned about once; not loaded
     engine_config(a, a.parallel)
+    for flag, name in (("--model", a.model), ("--model-draft", a.model_draft)):
+        _check_exists(flag, name)
     if not 0 <= a.port <= 65535:
         raise TandemError(f"--port must be 0..65535, got {a.port}")
     if not a.timeout > 0:
@@ -122,6 +124,18 @@ def _settings(a: argparse.Namespace):
         raise TandemError(f"--queue-size must be >= 0, got {queue}")
     return ServerSettings(model=a.model, model_draft=a.model_draft, alias=a.alias,
                           api_key=a.api_key, timeout=a.timeout, max_queue=queue)
+
+
+def _check_exists(flag: str, name: str | None) -> None:
+    """A path that is not there fails now; a model name is pulled (if needed) when loading."""
+    from pathlib import Path
+
+    from ..errors import ModelFileError
+    from ..registry import MODELS
+
+    if name is not None and name not in MODELS and not Path(name).exists():
+        raise ModelFileError(f"{flag} {name}: no such file or directory (give a .gguf file, a "
+                             f"Hugging Face directory, or a model name: {', '.join(MODELS)})")
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -21,7 +21,6 @@ metrics live in their own CollectorRegistry, so several servers in one process n
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
 
 PREFIX = "tandem:"
 

@@ -99,7 +99,7 @@ def _text_chunks(state: ServerState, meta: dict, n_probs: int):
     def render(event: Delta | Done) -> list[dict | str]:
         nonlocal offset
         if isinstance(event, Delta):
-            if not event.text:
+            if not (event.text or n_probs and event.logprobs):
                 return []
             lp = None
             if n_probs:
@@ -125,7 +125,7 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
             started = True
             out.append(_chat_chunk(meta, {"role": "assistant", "content": ""}))
         if isinstance(event, Delta):
-            if event.text:
+            if event.text or body.logprobs and event.logprobs:
                 lp = None
                 if body.logprobs:
                     lp = {"content": _chat_entries(probabilities(state.engine, event.logprobs),

