@@ -20,7 +20,9 @@ from gguf import quants as gguf_quants
 
 from tandem.errors import ModelFileError, TandemError
 from tandem.models.gguf_file import RawTensor
+from tandem.models.linear import Dense, wide_gemm
 from tandem.models.quant import (
+    GROUP_SIZE,
     QuantLinear,
     decode_4bit,
     dequantize,
@@ -28,6 +30,7 @@ from tandem.models.quant import (
     kernel_weight,
     make_linear,
     pack_int4,
+    unpack_int4_float,
 )
 
 U_BF16 = 2.0**-8
@@ -157,11 +160,33 @@ def test_make_linear_modes_and_fallbacks():
     assert pack_int4(q8) is None and pack_int4(odd) is None
     for raw, mode in [(q8, "int4"), (odd, "int4"), (q4, "dense")]:
         layer = make_linear(raw, torch.float32, mode)
-        assert isinstance(layer, torch.nn.Linear) and layer.weight.dtype == torch.float32
+        assert isinstance(layer, Dense) and layer.weight.dtype == torch.float32
         assert torch.equal(layer(x), torch.nn.functional.linear(x, dequantize(raw)))
     assert make_linear(q8, torch.bfloat16, "dense").weight.dtype == torch.bfloat16
     with pytest.raises(TandemError, match="'int8'.*int4, dense"):
         make_linear(q4, torch.bfloat16, "int8")
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1])
+def test_wide_gemm_uses_the_kernels_own_weights(qtype):
+    """Prefill's float32 path expands the packed int4 weight to exactly the values the int4
+    kernel uses (up to one float32 rounding), and a bf16 Dense weight to its float32 value."""
+    torch.manual_seed(1)
+    raw, _ = _quantized(qtype, rows=96, cols=128)  # 3 AVX2 row blocks, 4 groups per row
+    packed = pack_int4(raw)
+    want = kernel_weight(decode_4bit(raw))
+    got = unpack_int4_float(packed.packed, packed.scales_and_zeros, GROUP_SIZE)
+    assert torch.allclose(got, want, rtol=2**-22, atol=1e-7)
+    layer = QuantLinear(packed)
+    x = torch.randn(5, 128).bfloat16()
+    with wide_gemm():
+        y = layer(x)
+    ref = (x.float() @ want.T).bfloat16()
+    assert (y.float() - ref.float()).abs().max() <= 2**-7 * ref.float().abs().max()
+    dense = make_linear(raw, torch.bfloat16, "dense")
+    with wide_gemm():
+        yd = dense(x)
+    assert torch.allclose(yd.float(), (x.float() @ dense.weight.float().T).bfloat16().float())
 
 
 # ---- real model files -------------------------------------------------------------------------

@@ -217,7 +217,7 @@ class Engine:
         chunk = self.cfg.prefill_chunk
         for s in range(keep, len(ids), chunk):
             part = ids[s:s + chunk]
-            self.target.model(torch.tensor([part]), self.cache, [seq.slot], [s])
+            self.target.model(torch.tensor([part]), self.cache, [seq.slot], [s], logits="none")
             self.cache.append(seq.slot, part)
         seq.n_prompt_processed = len(ids) - keep + 1
 

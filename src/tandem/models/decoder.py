@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .args import ModelArgs
+from .linear import WIDE_MIN_ROWS, wide_gemm
 
 
 class KVCache:
@@ -51,18 +52,6 @@ class KVCache:
                 break
             n += 1
         return n
-
-
-class Dense(nn.Module):
-    """y = x @ W.T + b with W held at the compute dtype."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -160,15 +149,22 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, slots: list[int],
-                starts: list[int]) -> Tensor:
+                starts: list[int], logits: str = "all") -> Tensor | None:
         """tokens: (B, T) long, row b written at slot slots[b] from position starts[b].
 
-        Returns logits (B, T, V) float32. The caller owns cache.lengths.
+        logits: "all" -> (B, T, V) float32 (verification needs every row); "last" -> (B, V);
+        "none" -> None (prefill only fills the cache: the vocabulary projection is the
+        largest matmul of a prefill chunk). The caller records what the cache now holds.
         """
         B, T = tokens.shape
         ctx = StepContext(self, slots, starts, T)
         x = self.tok_embeddings[tokens].float()  # (B, T, dim)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, i, cache, ctx)
+        with wide_gemm(logits == "none" and B * T >= WIDE_MIN_ROWS):  # see linear.py
+            for i, layer in enumerate(self.layers):
+                x = layer(x, i, cache, ctx)
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[:, -1]
         x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
         return self.output(x).float()

@@ -13,7 +13,8 @@ from torch import Tensor
 
 from ..errors import ModelFileError, TandemError
 from .args import ModelArgs
-from .decoder import Block, Dense, Transformer
+from .decoder import Block, Transformer
+from .linear import Dense
 from .gguf_file import GGUFFile
 
 SUPPORTED_ARCHS = ("qwen2", "llama")

@@ -39,6 +39,7 @@ from gguf import quants as gguf_quants
 
 from ..errors import ModelFileError, TandemError
 from .gguf_file import RawTensor
+from .linear import Dense, is_wide
 
 GROUP_SIZE = 32  # every 4-bit GGUF type scales groups of 32 weights
 KERNEL_ZERO = 8  # the kernel dequantizes q as (q - 8) * s + z
@@ -212,6 +213,10 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_wide():  # prefill: one float32 GEMM beats re-dequantizing every 4 rows
+            w = unpack_int4_float(self.packed, self.scales_and_zeros, self.group_size)
+            b = None if self.bias is None else self.bias.float()
+            return torch.nn.functional.linear(x.float(), w, b).to(x.dtype)
         y = _int4_mm(x, self.packed, self.scales_and_zeros, self.group_size).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
@@ -222,13 +227,51 @@ class QuantLinear(torch.nn.Module):
                 f"int4 group {self.group_size}")
 
 
-def _dense_linear(raw: RawTensor, dtype: torch.dtype, bias: torch.Tensor | None) -> torch.nn.Linear:
-    n, k = raw.shape
-    layer = torch.nn.Linear(k, n, bias=bias is not None, device="meta", dtype=dtype)
-    layer.weight = torch.nn.Parameter(dequantize(raw).to(dtype), requires_grad=False)
-    if bias is not None:
-        layer.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
-    return layer
+def _dense_linear(raw: RawTensor, dtype: torch.dtype, bias: torch.Tensor | None) -> Dense:
+    return Dense(dequantize(raw).to(dtype), None if bias is None else bias.to(dtype))
+
+
+_ROW_BLOCK: int | None = None
+
+
+def _row_block() -> int:
+    """Rows per block of the kernel's packed layout on this CPU (32 on AVX2, 64 on AVX-512).
+
+    Within a block of B rows the packed bytes run k-major: byte (k, r) for r < B/2 holds row r
+    in its low nibble and row r + B/2 in its high nibble. Found once by packing a probe.
+    """
+    global _ROW_BLOCK
+    if _ROW_BLOCK is None:
+        probe = torch.arange(128 * 64, dtype=torch.int32).reshape(128, 64) % 16
+        packed = torch._convert_weight_to_int4pack_for_cpu(probe, 2)
+        for b in (32, 64, 16, 128):
+            if torch.equal(_unpack(packed, b, 128, 64).int(), probe):
+                _ROW_BLOCK = b
+                break
+        else:
+            raise TandemError("unknown int4 packed layout in this PyTorch build")
+    return _ROW_BLOCK
+
+
+def _unpack(packed: torch.Tensor, b: int, n: int, k: int) -> torch.Tensor:
+    """(N, K/2) packed bytes -> (N, K) uint8 values 0..15 in row order."""
+    pb = packed.reshape(n // b, k, b // 2)  # per row block: k-major, B/2 bytes
+    out = torch.empty(n // b, b, k, dtype=torch.uint8)
+    out[:, : b // 2].copy_((pb & 0xF).transpose(1, 2))  # rows r < B/2: low nibbles
+    out[:, b // 2:].copy_((pb >> 4).transpose(1, 2))  # rows r + B/2: high nibbles
+    return out.view(n, k)
+
+
+def unpack_int4_float(packed: torch.Tensor, sz: torch.Tensor, group: int) -> torch.Tensor:
+    """The kernel's weight values as float32 (N, K): q * s + (z - 8 s) per group.
+
+    Equal to the kernel's (q - 8) * s + z up to one float32 rounding; used for prefill only.
+    """
+    n, k = packed.shape[0], packed.shape[1] * 2
+    q = _unpack(packed, _row_block(), n, k).view(n, k // group, group)
+    s = sz[..., 0].t().float().contiguous().unsqueeze(-1)  # (N, K/group, 1)
+    z = sz[..., 1].t().float().contiguous().unsqueeze(-1) - KERNEL_ZERO * s
+    return torch.addcmul(z, q, s).view(n, k)
 
 
 def make_linear(
@@ -237,7 +280,7 @@ def make_linear(
     """A linear layer for a (N, K) GGUF weight (+ optional (N,) bias).
 
     mode "int4": Q4_0 / Q4_1 / Q4_K become a QuantLinear (exact up to bf16 scales), anything else a
-    dense torch.nn.Linear in `dtype`; mode "dense": a torch.nn.Linear in `dtype` for every type.
+    Dense in `dtype`; mode "dense": a Dense in `dtype` for every type.
     """
     if mode not in LINEAR_MODES:
         raise TandemError(f"unknown weight mode {mode!r}; accepted: {', '.join(LINEAR_MODES)}")

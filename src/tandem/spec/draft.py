@@ -39,7 +39,7 @@ class DraftModelProposer:
         """Run ids through the draft at its cache's end; the last position's logits (V,)."""
         start = self.cache.length(self.slot)
         x = torch.tensor([ids], dtype=torch.long)
-        logits = self.model(x, self.cache, [self.slot], [start])[0, -1]
+        logits = self.model(x, self.cache, [self.slot], [start], logits="last")[0]
         self.cache.append(self.slot, ids)
         return logits
 
