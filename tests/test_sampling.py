@@ -10,16 +10,6 @@ from tandem.errors import TandemError
 from tandem.sampling import greedy, logits_to_probs, make_generator, sample, sample_rows
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: torch's thread pool only adds wake-up latency (softmax enters it
-    on every call), which makes each call ~20x slower on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # probabilities 0.5, 0.2, 0.15, 0.1, 0.05 at temperature 1
 P5 = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
 LOGITS5 = P5.log()[None]  # (1, 5)

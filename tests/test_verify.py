@@ -15,16 +15,6 @@ from tandem.config import SamplingParams
 from tandem.sampling import logits_to_probs, make_generator
 from tandem.spec.verify import VerifyResult, verify, verify_batch
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: torch's thread pool only adds wake-up latency (softmax enters it
-    on every call), which makes each call ~20x slower on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 GREEDY = SamplingParams(temperature=0.0)
 PLAIN = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
