@@ -34,8 +34,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     d = SpecConfig()
     g = p.add_argument_group("speculative decoding (llama-server's spelling)")
     g.add_argument("--spec-type", default=None,
-                   help="none, ngram-simple, draft-simple, or a comma-separated list tried in "
-                        "order (default: draft-simple with --model-draft, else none)")
+                   help="none, ngram-simple, draft-simple, auto (n-gram then draft, k chosen "
+                        "per step from measured costs, 0 when speculation does not pay), or a "
+                        "comma-separated list tried in order (default: draft-simple with "
+                        "--model-draft, else none)")
     g.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", type=int, default=d.n_max,
                    dest="spec_draft_n_max", help=f"most tokens drafted per step ({d.n_max})")
     g.add_argument("--spec-draft-n-min", "--draft-min", type=int, default=d.n_min,
@@ -76,6 +78,8 @@ def spec_config(a: argparse.Namespace) -> SpecConfig:
         n_max=a.spec_draft_n_max, n_min=a.spec_draft_n_min, p_min=a.spec_draft_p_min,
         ngram_min=a.spec_ngram_min_n, ngram_max=a.spec_ngram_size_n, ngram_m=a.spec_ngram_size_m,
     )
+    if cfg.adaptive and not a.model_draft:
+        cfg.types = ["ngram-simple"]
     if "draft-simple" in cfg.types and not a.model_draft:
         raise TandemError("--spec-type draft-simple needs a draft model: add --model-draft PATH")
     if a.model_draft and "draft-simple" not in cfg.types:

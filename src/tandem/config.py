@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .errors import TandemError
 
-SPEC_TYPES = ("none", "ngram-simple", "draft-simple")
+SPEC_TYPES = ("none", "ngram-simple", "draft-simple", "auto")
 
 
 @dataclass(slots=True)
@@ -56,6 +56,8 @@ class SpecConfig:
     """Speculative decoding settings (llama-server's --spec-* flags).
 
     types: proposers tried in order; the first non-empty draft wins. ["none"] = target alone.
+    ["auto"] = n-gram then draft model, with k chosen per step by the controller (adaptive);
+    whoever builds the config drops draft-simple when there is no draft model.
     n_max / n_min / p_min: draft-simple drafts at most n_max tokens, stops when the draft's top
     probability falls below p_min, and drops drafts shorter than n_min.
     ngram_min / ngram_max / ngram_m: ngram-simple matches suffixes of ngram_min..ngram_max
@@ -69,8 +71,12 @@ class SpecConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     ngram_m: int = 8
+    adaptive: bool = False  # choose k per step from measured costs (spec/controller.py)
 
     def __post_init__(self) -> None:
+        if "auto" in self.types:  # n-gram, then the draft model, with the cost-aware controller
+            self.types = ["ngram-simple", "draft-simple"]
+            self.adaptive = True
         for t in self.types:
             if t not in SPEC_TYPES:
                 raise TandemError(

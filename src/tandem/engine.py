@@ -20,6 +20,7 @@ from .errors import TandemError
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import make_generator
+from .spec.controller import Controller, CostModel
 from .spec.draft import DraftModelProposer
 from .spec.ngram import NgramProposer
 from .spec.proposer import Draft, Proposer
@@ -69,6 +70,8 @@ class Sequence:
     stop_type: str = ""  # "" while running, then eos | limit | word | cancel
     stopping_word: str = ""
     stats: SpecStats = field(default_factory=SpecStats)
+    controllers: dict[int, Controller] = field(default_factory=dict)  # id(proposer) -> its own
+    drafted_by: Controller | None = None  # the controller whose proposer drafted this step
     t_start: float = 0.0
     t_prompt_ms: float = 0.0
     t_gen_start: float = 0.0
@@ -148,6 +151,7 @@ class Engine:
         if draft is not None:
             self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
+        self.costs = CostModel()  # measured pass costs, shared by every slot's controllers
 
     # -- requests -------------------------------------------------------------------------
 
@@ -203,6 +207,11 @@ class Engine:
             seq.proposers = self._proposers(spec, slot, req.sampling, gen)
             for p in seq.proposers:
                 p.begin(list(ids))
+                if spec.adaptive:
+                    n = spec.n_max if isinstance(p, DraftModelProposer) else spec.ngram_m
+                    seq.controllers[id(p)] = Controller(self.costs, n_max=n)
+            if spec.adaptive and len(self.costs.verify) < 2:
+                self.calibrate(slot)
         except BaseException:
             self.slots[slot] = None
             raise
@@ -220,6 +229,23 @@ class Engine:
             self.target.model(torch.tensor([part]), self.cache, [seq.slot], [s], logits="none")
             self.cache.append(seq.slot, part)
         seq.n_prompt_processed = len(ids) - keep + 1
+
+    def calibrate(self, slot: int) -> None:
+        """Time target passes of 1..max_k+1 rows (and a draft step) once, in a free cache area
+        after the slot's own tokens, so the controller has costs before its first choice."""
+        base = self.cache.length(slot)
+        n = min(self.max_k, self.spec.max_k) + 1
+        if base + n + 1 >= self.cache.max_len:
+            return
+        for rows in range(1, n + 1):
+            t0 = time.perf_counter()
+            self.target.model(torch.zeros(1, rows, dtype=torch.long), self.cache, [slot], [base])
+            self.costs.record_verify(rows, time.perf_counter() - t0)
+        if self.draft is not None:
+            t0 = time.perf_counter()
+            self.draft.model(torch.zeros(1, 1, dtype=torch.long), self.draft_cache, [slot],
+                             [self.draft_cache.length(slot)], logits="last")
+            self.costs.record_draft(1, time.perf_counter() - t0)
 
     def release(self, seq: Sequence) -> None:
         if self.slots[seq.slot] is seq:
@@ -244,17 +270,28 @@ class Engine:
         return max(0, min(left - 1, self.max_k))
 
     def _propose(self, seq: Sequence) -> Draft:
-        k = self._budget(seq)
-        if k <= 0:
+        """The first non-empty draft of the sequence's proposers, with k capped by the budget
+        and, for adaptive speculation, by each proposer's controller (which may say 0)."""
+        budget = self._budget(seq)
+        seq.drafted_by = None
+        if budget <= 0:
             return Draft([])
-        t0 = time.perf_counter()
-        draft = Draft([])
         for p in seq.proposers:
+            ctl = seq.controllers.get(id(p))
+            is_model = isinstance(p, DraftModelProposer)
+            k = budget if ctl is None else min(budget, ctl.choose(None if is_model else 0.0))
+            if k <= 0:
+                continue
+            t0 = time.perf_counter()
             draft = p.propose(k)
+            dt = time.perf_counter() - t0
+            seq.stats.t_draft += dt
+            if is_model:
+                self.costs.record_draft(max(len(draft.ids), 1), dt)
             if draft.ids:
-                break
-        seq.stats.t_draft += time.perf_counter() - t0
-        return draft
+                seq.drafted_by = ctl
+                return draft
+        return Draft([])
 
     def step(self) -> list[Sequence]:
         """One iteration for every active sequence; returns them (check .done, take_text())."""
@@ -271,6 +308,8 @@ class Engine:
         starts = [self.cache.length(s.slot) for s in seqs]
         logits = self.target.model(rows, self.cache, [s.slot for s in seqs], starts)
         t_fwd = time.perf_counter() - t0
+        if len(seqs) == 1:  # the controller's cost of a pass with T rows for one sequence
+            self.costs.record_verify(T, t_fwd)
         for i, (s, d) in enumerate(zip(seqs, drafts)):
             t1 = time.perf_counter()
             k = len(d.ids)
@@ -280,6 +319,8 @@ class Engine:
                 p.accept(res.n_accepted, res.tokens)
             if k:
                 s.stats.record(k, res.n_accepted)
+                if s.drafted_by is not None:
+                    s.drafted_by.update(k, res.n_accepted)
             s.stats.t_verify += t_fwd / len(seqs) + time.perf_counter() - t1
             self._append(s, res.tokens, res.n_accepted)
             if s.req.n_probs > 0 and s.n_new:

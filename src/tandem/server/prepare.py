@@ -43,6 +43,7 @@ def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
     if body.spec_type is not None:
         try:
             over["types"] = SpecConfig.parse_types(body.spec_type)
+            over["adaptive"] = False  # "auto" turns it back on in SpecConfig.__post_init__
         except TandemError as e:
             raise ApiError(400, f"speculative.type: {e}") from None
     for key, value in (("n_max", body.spec_n_max), ("n_min", body.spec_n_min),
@@ -55,6 +56,8 @@ def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
         spec = dataclasses.replace(engine.spec, **over)
     except TandemError as e:
         raise ApiError(400, f"speculative settings: {e}") from None
+    if spec.adaptive and engine.draft is None:
+        spec.types = ["ngram-simple"]
     if "draft-simple" in spec.types and engine.draft is None:
         raise ApiError(400, "speculative.type draft-simple needs a draft model, and this server "
                             "has none loaded; start it with --model-draft PATH, or ask for "

@@ -1,0 +1,91 @@
+"""The cost-aware controller: k from measured costs and acceptance, 0 when nothing pays."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.config import EngineConfig, SamplingParams, SpecConfig
+from tandem.engine import Engine, Request
+from tandem.spec.controller import AcceptanceTracker, Controller, CostModel
+
+from .test_engine import models  # noqa: F401  (module fixture: tiny target and drafts)
+
+
+def costs(verify: dict[int, float], draft: float | None = None) -> CostModel:
+    c = CostModel()
+    c.verify = dict(verify)
+    c.draft_token = draft
+    return c
+
+
+def trained(rate: float, n: int = 400) -> AcceptanceTracker:
+    """A tracker that saw drafts of 4 accepted token by token with probability `rate`."""
+    import random
+
+    rng = random.Random(0)
+    t = AcceptanceTracker()
+    for _ in range(n):
+        a = 0
+        while a < 4 and rng.random() < rate:
+            a += 1
+        t.update(4, a)
+    return t
+
+
+def test_docstring_example_draft_loses_ngram_wins():
+    # plain 170 ms, 3 rows 250 ms, 5 rows 400 ms; acceptance 0.8 per position
+    c = costs({1: 0.170, 3: 0.250, 5: 0.400}, draft=0.060)
+    ctl = Controller(c, n_max=4, acceptance=trained(0.8))
+    assert ctl.rate(4, 0.060) < ctl.rate(0, 0.060)  # four 60 ms draft tokens lose ...
+    assert ctl.choose() == 1  # ... one still pays: 1.78 tokens in 60 + 210 ms
+    c.draft_token = 0.150
+    assert ctl.choose() == 0  # a draft token as dear as most of a plain step: never
+    k = ctl.choose(draft_token=0.0)  # n-gram drafts are free: verifying a few rows pays
+    assert k >= 2
+    assert ctl.rate(k, 0.0) > ctl.rate(0, 0.0)
+
+
+def test_flat_verify_cost_drafts_the_most_when_acceptance_is_high():
+    c = costs({1: 0.1, 9: 0.1})  # GPU-like: 9 rows cost what 1 costs
+    assert Controller(c, n_max=8, acceptance=trained(0.9)).choose(0.0) == 8
+
+
+def test_low_acceptance_turns_speculation_off_but_probes_again():
+    c = costs({1: 0.1, 2: 0.15, 5: 0.3})
+    ctl = Controller(c, n_max=4, acceptance=trained(0.05), probe_every=5)
+    picks = [ctl.choose(0.0) for _ in range(10)]
+    assert picks.count(0) == 8 and all(k > 0 for k in (picks[4], picks[9]))
+
+
+def test_acceptance_tracker_counts_positions_reached():
+    t = AcceptanceTracker(prior_hits=0, prior_misses=0)
+    t.update(4, 2)  # positions 0, 1 accepted, 2 rejected, 3 never reached
+    t.update(4, 4)
+    assert t.reached == [2, 2, 2, 1] and t.accepted == [2, 2, 1, 1]
+    assert t.rate(2) == 0.5 and t.expected_tokens(2) == pytest.approx(3.0)
+
+
+def test_interpolated_verify_cost():
+    c = costs({1: 1.0, 5: 3.0})
+    assert c.verify_time(3) == pytest.approx(2.0)
+    assert c.verify_time(7) == pytest.approx(4.0)  # extrapolated from the last two
+    assert costs({1: 1.0}).verify_time(2) is None
+
+
+def test_auto_keeps_greedy_output_and_stops_drafting_when_it_cannot_pay(models):  # noqa: F811
+    target, _, other = models
+    base = Engine(target, None, EngineConfig(ctx_size=512), SpecConfig(types=["none"]))
+    spec = SpecConfig(types=["auto"], n_max=4, p_min=0.0)
+    assert spec.adaptive and spec.types == ["ngram-simple", "draft-simple"]
+    auto = Engine(target, other, EngineConfig(ctx_size=512), spec)
+    sp = SamplingParams(temperature=0, n_predict=40, ignore_eos=True)
+    want = base.generate(Request([5, 6, 7, 8], sp)).output
+    seq = auto.generate(Request([5, 6, 7, 8], sp))
+    assert seq.output == want
+    assert len(auto.costs.verify) >= 2 and auto.costs.draft_token is not None  # calibrated
+    # make drafting ruinously expensive: the controller must stop drafting with the model
+    auto.costs.draft_token = 10.0
+    auto.costs.verify = {r: 0.001 * r**3 for r in range(1, 10)}
+    seq = auto.generate(Request([5, 6, 7, 8], sp))
+    assert seq.output == want
+    assert seq.stats.n_drafts <= 40 // 16 + 1  # only the periodic probes
