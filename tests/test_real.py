@@ -112,3 +112,25 @@ def test_greedy_speculation_equals_target_alone(target, draft, types):
         assert seq.output == want, (types, name)
         drafted += seq.stats.n_drafted
     assert drafted > 0
+
+
+def test_verification_rows_equal_one_token_decoding(target):
+    """k+1 rows verified in one pass get bit for bit the logits of decoding them one by one,
+    on the real int4/bf16 path: greedy output cannot depend on how many tokens were drafted."""
+    ids = chat_ids(target, PROMPTS["summary"])
+    prefix, rows = ids[:-1], [ids[-1], 785, 3283, 14833, 16887]
+    cache = KVCache(target.args, 1, 1024, target.dtype)
+    target.model(torch.tensor([prefix]), cache, [0], [0], logits="none")
+    batched = target.model(torch.tensor([rows]), cache, [0], [len(prefix)])[0]
+    for t, tok in enumerate(rows):
+        one = target.model(torch.tensor([[tok]]), cache, [0], [len(prefix) + t])[0, 0]
+        assert torch.equal(batched[t], one), t
+
+
+def test_auto_speculation_equals_target_alone(target, draft):
+    base = make(target)
+    auto = make(target, draft, "auto", n_max=4)
+    for name, text in PROMPTS.items():
+        ids = chat_ids(target, text)
+        sp = SamplingParams(temperature=0, n_predict=32)
+        assert auto.generate(Request(ids, sp)).output == base.generate(Request(ids, sp)).output, name

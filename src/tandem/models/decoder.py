@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .args import ModelArgs
-from .linear import WIDE_MIN_ROWS, wide_gemm
+from .linear import WIDE_MIN_ROWS, row_invariant, wide_gemm
 
 
 class KVCache:
@@ -100,26 +100,50 @@ class Block(nn.Module):
         # advanced indices (B, T) around a slice: the assigned value is (B, T, Hkv, D)
         kc[ctx.slot_idx, :, ctx.pos] = k
         vc[ctx.slot_idx, :, ctx.pos] = v.to(vc.dtype)
-        if ctx.single_slot is not None:
-            keys = kc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)  # (1, Hkv, L, D)
-            vals = vc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)
+        qt = q.transpose(1, 2)  # (B, H, T, D)
+        if ctx.rowwise:
+            o = attend_rowwise(qt, kc, vc, ctx)
         else:
-            keys = kc[ctx.slots_t, :, : ctx.kv_len]  # (B, Hkv, L, D)
-            vals = vc[ctx.slots_t, :, : ctx.kv_len]
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, vals, attn_mask=ctx.mask, enable_gqa=True
-        )  # (B, H, T, D)
+            if ctx.single_slot is not None:
+                keys = kc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)  # (1, Hkv, L, D)
+                vals = vc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)
+            else:
+                keys = kc[ctx.slots_t, :, : ctx.kv_len]  # (B, Hkv, L, D)
+                vals = vc[ctx.slots_t, :, : ctx.kv_len]
+            o = F.scaled_dot_product_attention(qt, keys, vals, attn_mask=ctx.mask, enable_gqa=True)
         o = o.transpose(1, 2).reshape(B, T, a.n_heads * a.head_dim).to(ctx.dtype)
         x = x + self.wo(o).float()
         h = rms_norm(x, self.ffn_norm, a.norm_eps).to(ctx.dtype)
         return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)).float()
 
 
+def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext") -> Tensor:
+    """Attention one query row at a time, each over exactly its own prefix, unmasked.
+
+    q: (B, H, T, D); kc, vc: (S, Hkv, max_len, D) -> (B, H, T, D). Every row is then computed
+    by the same call, with the same shapes, as a one-token decode step at that position, so
+    verifying k drafted tokens (or several slots at once) gives bit-for-bit the logits that
+    decoding them one by one would: a batched masked attention differs in the last bits, and
+    that was enough to flip a near-tie and change a greedy answer.
+    """
+    o = torch.empty_like(q)
+    for b, (slot, start) in enumerate(zip(ctx.slots, ctx.starts)):
+        for t in range(q.shape[2]):
+            n = start + t + 1
+            o[b, :, t: t + 1] = F.scaled_dot_product_attention(
+                q[b: b + 1, :, t: t + 1], kc[slot, :, :n].unsqueeze(0), vc[slot, :, :n].unsqueeze(0),
+                enable_gqa=True)[0]
+    return o
+
+
 class StepContext:
     """Positions, mask and rope rows shared by every layer of one forward pass."""
 
-    def __init__(self, model: "Transformer", slots: list[int], starts: list[int], T: int) -> None:
+    def __init__(self, model: "Transformer", slots: list[int], starts: list[int], T: int,
+                 rowwise: bool = False) -> None:
         dev = model.cos.device
+        self.slots, self.starts = slots, starts
+        self.rowwise = rowwise and (len(slots) > 1 or T > 1)
         self.dtype = model.dtype
         self.slots_t = torch.tensor(slots, device=dev)
         starts_t = torch.tensor(starts, device=dev)
@@ -157,14 +181,16 @@ class Transformer(nn.Module):
         largest matmul of a prefill chunk). The caller records what the cache now holds.
         """
         B, T = tokens.shape
-        ctx = StepContext(self, slots, starts, T)
+        # decode and verification rows must not depend on the batch around them: rowwise
+        ctx = StepContext(self, slots, starts, T, rowwise=logits == "all")
         x = self.tok_embeddings[tokens].float()  # (B, T, dim)
-        with wide_gemm(logits == "none" and B * T >= WIDE_MIN_ROWS):  # see linear.py
+        wide = logits == "none" and B * T >= WIDE_MIN_ROWS  # see linear.py
+        with wide_gemm(wide), row_invariant(ctx.rowwise):
             for i, layer in enumerate(self.layers):
                 x = layer(x, i, cache, ctx)
-        if logits == "none":
-            return None
-        if logits == "last":
-            x = x[:, -1]
-        x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
-        return self.output(x).float()
+            if logits == "none":
+                return None
+            if logits == "last":
+                x = x[:, -1]
+            x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
+            return self.output(x).float()

@@ -40,6 +40,22 @@ def is_wide() -> bool:
     return getattr(_state, "wide", False)
 
 
+@contextmanager
+def row_invariant(enabled: bool = True):
+    """Inside: every output row is computed exactly as it would be alone (decode/verify).
+
+    PyTorch's bf16 GEMM and the int4 kernel already give each row the same bits whatever the
+    number of rows; the float32 GEMM does not (its blocking changes with M), so float32 Dense
+    layers go row by row here.
+    """
+    prev = getattr(_state, "rowwise", False)
+    _state.rowwise = enabled
+    try:
+        yield
+    finally:
+        _state.rowwise = prev
+
+
 class Dense(nn.Module):
     """y = x @ W.T + b with W held at the compute dtype (float32 GEMM inside wide_gemm)."""
 
@@ -53,4 +69,10 @@ class Dense(nn.Module):
         if is_wide() and w.dtype != torch.float32:
             y = F.linear(x.float(), w.float(), None if b is None else b.float())
             return y.to(x.dtype)
-        return F.linear(x.to(w.dtype), w, b)
+        x = x.to(w.dtype)
+        if getattr(_state, "rowwise", False) and w.dtype == torch.float32:
+            rows = x.reshape(-1, x.shape[-1])
+            if rows.shape[0] > 1:
+                y = torch.cat([F.linear(rows[i: i + 1], w, b) for i in range(rows.shape[0])])
+                return y.view(*x.shape[:-1], w.shape[0])
+        return F.linear(x, w, b)

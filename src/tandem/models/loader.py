@@ -143,7 +143,7 @@ HF_NAMES = {
 
 def load_gguf(path: Path, dtype: str, max_len: int, mode: str) -> LoadedModel:
     from ..tokenizer import Tokenizer
-    from .quant import dequantize, make_linear
+    from .quant import dequantize, dequantize_to, make_linear
 
     t0 = time.perf_counter()
     g = GGUFFile(path)
@@ -153,7 +153,10 @@ def load_gguf(path: Path, dtype: str, max_len: int, mode: str) -> LoadedModel:
 
     def get(name: str) -> Tensor | None:
         raw = g.tensors.get(name)
-        return None if raw is None else dequantize(raw)
+        if raw is None:
+            return None
+        # matrices (the embedding) straight to the compute dtype; norms stay float32
+        return dequantize_to(raw, dt) if len(raw.shape) == 2 else dequantize(raw)
 
     def linear(base: str) -> torch.nn.Module:
         raw = g.tensors.get(base + ".weight")

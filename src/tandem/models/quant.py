@@ -76,6 +76,19 @@ def dequantize(raw: RawTensor) -> torch.Tensor:
     return torch.from_numpy(values.reshape(raw.shape))
 
 
+def dequantize_to(raw: RawTensor, dtype: torch.dtype, chunk_rows: int = 4096) -> torch.Tensor:
+    """dequantize(raw).to(dtype), a block of rows at a time: a 151936 x 1536 embedding never
+    exists in float32 whole (that transient was 0.9 GB of the load's peak memory)."""
+    if len(raw.shape) != 2 or raw.shape[0] <= chunk_rows:
+        return dequantize(raw).to(dtype)
+    out = torch.empty(raw.shape, dtype=dtype)
+    for r in range(0, raw.shape[0], chunk_rows):
+        part = RawTensor(raw.name, raw.qtype, (min(chunk_rows, raw.shape[0] - r), raw.shape[1]),
+                         raw.data[r:r + chunk_rows])
+        out[r:r + chunk_rows] = dequantize(part)
+    return out
+
+
 @dataclass(slots=True)
 class Affine4Bit:
     """Decoded 4-bit blocks (float32), w[n, k] = scale[n, k // 32] * q[n, k] + offset[n, k // 32]"""
@@ -228,7 +241,7 @@ class QuantLinear(torch.nn.Module):
 
 
 def _dense_linear(raw: RawTensor, dtype: torch.dtype, bias: torch.Tensor | None) -> Dense:
-    return Dense(dequantize(raw).to(dtype), None if bias is None else bias.to(dtype))
+    return Dense(dequantize_to(raw, dtype), None if bias is None else bias.to(dtype))
 
 
 _ROW_BLOCK: int | None = None

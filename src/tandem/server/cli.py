@@ -220,13 +220,17 @@ def _spec_line(engine) -> str:
     if not s.enabled:
         return "speculation: OFF (--spec-type none): the target decodes one token per step"
     parts = []
-    if "draft-simple" in s.types:
-        parts.append(f"draft-simple with {engine.draft.path.name} (n_max {s.n_max}, "
-                     f"n_min {s.n_min}, p_min {s.p_min})")
-    if "ngram-simple" in s.types:
-        parts.append(f"ngram-simple (n-gram {s.ngram_min}..{s.ngram_max}, up to {s.ngram_m} "
-                     "tokens)")
-    return "speculation: ON: " + ", then ".join(parts)
+    for t in s.types:  # in the order they are tried
+        if t == "draft-simple":
+            parts.append(f"draft-simple with {engine.draft.path.name} (n_max {s.n_max}, "
+                         f"n_min {s.n_min}, p_min {s.p_min})")
+        elif t == "ngram-simple":
+            parts.append(f"ngram-simple (n-gram {s.ngram_min}..{s.ngram_max}, up to "
+                         f"{s.ngram_m} tokens)")
+    line = "speculation: ON: " + ", then ".join(parts)
+    if s.adaptive:
+        line += "; auto: k chosen per step from measured costs, 0 when it does not pay"
+    return line
 
 
 def _warm_up(engine) -> None:
