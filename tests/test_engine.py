@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from tandem.config import EngineConfig, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import EngineConfig
-from .errors import ModelFileError, TandemError
+from .errors import ModelFileError
 from .memory import MemoryPlan, ModelSpec, fmt_bytes, plan
 from .models.args import ModelArgs
 from .spec.compat import CompatResult, check_compatible
@@ -42,16 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="slots served at once (each has its own KV cache)")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the verdict; 0 it can run, 1 it cannot, 2 bad input."""
-    try:
-        return _check(args)
-    except TandemError as e:
-        print(f"tandem: error: {e}", file=sys.stderr)
-        return e.exit_code
-
-
-def _check(a: argparse.Namespace) -> int:
+def run(a: argparse.Namespace) -> int:
+    """Print the verdict; 0 it can run, 1 it cannot; bad input raises TandemError (exit 2,
+    reported by cli.main)."""
     from .cli import spec_config
 
     spec = spec_config(a)

@@ -216,28 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_models)
 
     from . import check
-
-    c = sub.add_parser("check", help="compatibility verdict and memory plan for a target/draft")
-    check.add_arguments(c)
-    c.set_defaults(func=check.run)
-
+    from .bench import compare
+    from .bench import run as bench_run
     from .server import cli as server_cli
 
-    s = sub.add_parser("serve", help="serve the HTTP API (llama-server's flags)")
-    server_cli.add_arguments(s)
-    s.set_defaults(func=server_cli.run)
-
-    from .bench import compare
-
-    cmp = sub.add_parser("compare", help="compare two benchmark JSON files (equal work)")
-    compare.add_arguments(cmp)
-    cmp.set_defaults(func=compare.run)
-
-    from .bench import run as bench_run
-
-    b = sub.add_parser("bench", help="serve target alone, then speculation; compare (equal work)")
-    bench_run.add_arguments(b)
-    b.set_defaults(func=bench_run.run)
+    for name, module, help_ in (
+        ("check", check, "compatibility verdict and memory plan for a target/draft"),
+        ("serve", server_cli, "serve the HTTP API (llama-server's flags)"),
+        ("compare", compare, "compare two benchmark JSON files (equal work)"),
+        ("bench", bench_run, "serve target alone, then speculation; compare (equal work)"),
+    ):
+        sp = sub.add_parser(name, help=help_)
+        module.add_arguments(sp)
+        sp.set_defaults(func=module.run)
     return p
 
 
