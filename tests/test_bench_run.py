@@ -100,6 +100,12 @@ def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
     assert "tandem bench --model" in command and "--spec-draft-p-min 0" in command
     assert "--spec-type none" in command and "--spec-type draft-simple" in command
     assert command.count("speculative-benchmark.py") == 2
+    # the client ran isolated (python -I) against the live server and wrote complete files
+    assert command.count(" -I ") == 2
+    for name in ("baseline.json", "candidate.json"):
+        run = json.loads((out / name).read_text(encoding="utf-8"))
+        assert run["requests"] and all(r["content"] and r["timings"] and r["stop_type"]
+                                       for r in run["requests"])
     assert (out / "report.md").read_text(encoding="utf-8").startswith("Made by `tandem bench")
     assert "overall" in captured.out and "speed-up" in captured.out
     for phase in ("[1/2] baseline", "[2/2] candidate", "ready after", "[pass 1/1] fox"):

@@ -397,7 +397,8 @@ def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
 
 def client_command(plan: Plan, label: str, output: Path, url: str) -> list[str]:
     a = plan.args
-    cmd = [sys.executable, str(plan.client), "--label", label, "--output", str(output),
+    cmd = [sys.executable, "-I", str(plan.client),  # isolated: standard library only
+           "--label", label, "--output", str(output),
            "--url", url, "--passes", str(a.passes), "--warmup", str(a.warmup),
            "--n-predict", str(a.n_predict)]
     return cmd + (["--prompts", a.prompts] if a.prompts else [])
