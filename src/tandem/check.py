@@ -62,7 +62,7 @@ def run(a: argparse.Namespace) -> int:
     print(_compat_line(compat))
     models = [target.spec] + ([] if draft is None else [draft.spec])
     # the engine keeps room for max(16, the largest draft) positions beyond the context
-    mem = plan(models, cfg.ctx_size, cfg.n_parallel, max(spec.max_k, 16), a.weights, cfg.dtype,
+    mem = plan(models, cfg.ctx_size, cfg.n_parallel, spec.spare_positions, a.weights, cfg.dtype,
                prefill_chunk=cfg.prefill_chunk, device=cfg.device)
     print(mem.format())
     return _verdict(compat, mem)

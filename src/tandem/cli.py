@@ -107,7 +107,7 @@ def load_engine(a: argparse.Namespace, n_parallel: int = 1, log=None):
 
     spec = spec_config(a)
     cfg = engine_config(a, n_parallel)
-    max_len = cfg.ctx_size + max(spec.max_k, 16) + 1
+    max_len = cfg.ctx_size + spec.spare_positions + 1
     target = load_model(a.model, dtype=cfg.dtype, max_len=max_len, mode=a.weights)
     draft = None
     if a.model_draft and "draft-simple" in spec.types:

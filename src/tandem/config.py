@@ -111,6 +111,12 @@ class SpecConfig:
             k = max(k, self.ngram_m)
         return k
 
+    @property
+    def spare_positions(self) -> int:
+        """KV positions each slot keeps beyond the context for [last, *draft] (at least 16, so
+        per-request overrides of n_max up to 16 fit)."""
+        return max(self.max_k, 16)
+
     @staticmethod
     def parse_types(text: str) -> list[str]:
         types = [t.strip() for t in text.split(",") if t.strip()]

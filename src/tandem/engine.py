@@ -143,7 +143,7 @@ class Engine:
         self.target, self.draft, self.cfg, self.spec = target, draft, cfg, spec
         self.tok = target.tokenizer
         # room for the largest verification batch beyond the context: [last, *draft]
-        self.max_k = max(spec.max_k, 16)
+        self.max_k = spec.spare_positions
         max_len = cfg.ctx_size + self.max_k + 1
         kv_dtype = target.dtype
         self.cache = KVCache(target.args, cfg.n_parallel, max_len, kv_dtype)
@@ -354,9 +354,7 @@ class Engine:
                 seq.text += seq.detok.flush()
                 if sp.stop:
                     self._check_stop(seq)
-            seq.t_gen_ms = 1e3 * (time.perf_counter() - seq.t_gen_start)
-        else:
-            seq.t_gen_ms = 1e3 * (time.perf_counter() - seq.t_gen_start)
+        seq.t_gen_ms = 1e3 * (time.perf_counter() - seq.t_gen_start)
 
     def _check_stop(self, seq: Sequence) -> bool:
         text = seq.text

@@ -152,8 +152,8 @@ class StepContext:
         self.kv_len = max(starts) + T
         self.single_slot = slots[0] if len(slots) == 1 else None
         self.cos, self.sin = model.cos[self.pos], model.sin[self.pos]  # (B, T, D/2)
-        if len(slots) == 1 and T == 1:
-            self.mask = None  # one query sees every cached position
+        if self.rowwise or (len(slots) == 1 and T == 1):
+            self.mask = None  # one query sees every cached position (rowwise: no mask needed)
         else:
             keys = torch.arange(self.kv_len, device=dev)
             self.mask = (keys[None, None, :] <= self.pos[:, :, None])[:, None]  # (B,1,T,L)

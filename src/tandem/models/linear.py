@@ -27,20 +27,23 @@ _state = threading.local()
 
 
 @contextmanager
-def wide_gemm(enabled: bool = True):
-    prev = getattr(_state, "wide", False)
-    _state.wide = enabled
+def _flag(name: str, enabled: bool):
+    prev = getattr(_state, name, False)
+    setattr(_state, name, enabled)
     try:
         yield
     finally:
-        _state.wide = prev
+        setattr(_state, name, prev)
+
+
+def wide_gemm(enabled: bool = True):
+    return _flag("wide", enabled)
 
 
 def is_wide() -> bool:
     return getattr(_state, "wide", False)
 
 
-@contextmanager
 def row_invariant(enabled: bool = True):
     """Inside: every output row is computed exactly as it would be alone (decode/verify).
 
@@ -48,12 +51,7 @@ def row_invariant(enabled: bool = True):
     number of rows; the float32 GEMM does not (its blocking changes with M), so float32 Dense
     layers go row by row here.
     """
-    prev = getattr(_state, "rowwise", False)
-    _state.rowwise = enabled
-    try:
-        yield
-    finally:
-        _state.rowwise = prev
+    return _flag("rowwise", enabled)
 
 
 class Dense(nn.Module):

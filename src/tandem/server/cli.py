@@ -206,7 +206,7 @@ def _check_memory(args: argparse.Namespace, spec, uses_draft: bool) -> None:
     if uses_draft:
         models.append(inspect_model("draft", args.model_draft).spec)
     # the engine keeps room for max(16, the largest draft) positions beyond the context
-    mem = plan(models, cfg.ctx_size, cfg.n_parallel, max(spec.max_k, 16), args.weights,
+    mem = plan(models, cfg.ctx_size, cfg.n_parallel, spec.spare_positions, args.weights,
                cfg.dtype, prefill_chunk=cfg.prefill_chunk, device=cfg.device)
     for line in mem.format().splitlines():
         log.info("%s", line)
