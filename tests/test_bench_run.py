@@ -28,7 +28,7 @@ PROMPTS = [
     {"task": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick"},
     {"task": "code", "prompt": "def add(a, b):\n    return", "n_predict": 6},
 ]
-SWEEP_NAMES = {"draft-n2", "draft-n4", "draft-n8", "ngram", "ngram-draft"}
+SWEEP_NAMES = {"draft-n2", "draft-n4", "draft-n8", "ngram", "ngram-draft", "auto"}
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +124,12 @@ def test_sweep_ranks_every_configuration_against_one_baseline(models, tmp_path, 
     assert [served[f"draft-n{k}"]["n_max"] for k in (2, 4, 8)] == [2, 4, 8]
     assert served["ngram"]["type"] == "ngram-simple"
     assert served["ngram-draft"]["type"] == "ngram-simple,draft-simple"
+    assert served["auto"]["type"] == "ngram-simple,draft-simple" and served["auto"]["adaptive"]
+    assert not served["ngram-draft"]["adaptive"]
     rows = load(out / "report.json")["configurations"]
     assert {r["name"] for r in rows} == SWEEP_NAMES
     assert all(r["equal_work"] for r in rows)  # greedy: every configuration matches the baseline
-    assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5, 6]
     speedups = [r["speedup"] for r in rows]
     assert speedups == sorted(speedups, reverse=True)
     assert "rank" in captured.out and "draft-simple n-max 8" in captured.out

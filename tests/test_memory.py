@@ -62,10 +62,26 @@ def test_plan_rows_follow_mode_and_dtype():
     f32 = {k: ("F32", shape) for k, (_, shape) in TENSORS.items()}
     pf = plan([ModelSpec("target", ARGS, f32)], 256, 1, 4, "int4", "auto", available=10**9)
     assert pf.rows[0].held_as == "dense float32"
-    assert pf.rows[0].kv_cache == 2 * plan([spec], 256, 1, 4, available=10**9).rows[0].kv_cache
+    assert pf.rows[0].kv_cache == 2 * plan([spec], 256, 1, 4, "int4", available=10**9).rows[0].kv_cache
     # a Hugging Face directory is dense even in int4 mode
     hf = plan([ModelSpec("target", ARGS, TENSORS, source="hf")], 256, available=10**9)
     assert hf.rows[0].weights == weight_bytes(TENSORS, "dense", 2)
+
+
+def test_native_weights_count_their_file_bytes():
+    # blocks read in place: their size in the file; a tied embedding is the output projection
+    # (every row read per token); float tensors at float32, the native compute dtype
+    in_file = {"Q4_K": 144 / 256, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q6_K": 210 / 256}
+    native = (100 * 64 * in_file["Q4_K"] + 64 * 64 * in_file["Q4_K"] + 64 * 4
+              + 160 * 64 * in_file["Q4_0"] + 64 * 160 * in_file["Q6_K"] + 40 * 64 * in_file["Q4_1"]
+              + 64 * 4)
+    assert weight_bytes(TENSORS, "native", 4) == native
+    # untied: the embedding is read row by row (not counted), output.weight in place
+    untied = dict(TENSORS, **{"output.weight": ("Q6_K", (100, 64))})
+    assert weight_bytes(untied, "native", 4) == native - 100 * 64 * in_file["Q4_K"] + 100 * 64 * in_file["Q6_K"]
+    p = plan([ModelSpec("target", ARGS, TENSORS, "t.gguf")], 256, 1, 4, "native", available=10**9)
+    assert p.rows[0].held_as == "GGUF blocks in place + float32"
+    assert p.rows[0].kv_cache == kv_cache_bytes(ARGS, 256, 1, 4, 4)
 
 
 def test_kv_cache_arithmetic():

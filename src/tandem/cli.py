@@ -25,9 +25,16 @@ def add_model_args(p: argparse.ArgumentParser, *, default_model: str | None = "d
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="compute dtype: auto = float32 for float32 files, else bfloat16")
-    g.add_argument("--weights", default="int4", choices=("int4", "dense"),
-                   help="int4: repack 4-bit GGUF blocks for the int4 kernel (exact up to bf16 "
-                        "rounding of scales); dense: dequantize everything to --dtype")
+    g.add_argument("--weights", default="auto", choices=("auto", "native", "int4", "dense"),
+                   help="native: GGUF blocks read in place by Tandem's AVX2 kernels (exact "
+                        "weights, float32 activations); int4: repack 4-bit blocks for PyTorch's "
+                        "int4 kernel (exact up to bf16 rounding of scales); dense: dequantize "
+                        "everything to --dtype; auto (default): native where the kernels "
+                        "build on this machine, else int4")
+    g.add_argument("--activations", default="int16", choices=("int16", "int8"),
+                   help="native weights only: how the kernels round activations per block. "
+                        "int16 (default): within 1/32766 of the block's largest value; int8: "
+                        "llama.cpp's Q8_K/Q8_0 rounding (1/254), faster, less exact")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -108,10 +115,12 @@ def load_engine(a: argparse.Namespace, n_parallel: int = 1, log=None):
     spec = spec_config(a)
     cfg = engine_config(a, n_parallel)
     max_len = cfg.ctx_size + spec.spare_positions + 1
-    target = load_model(a.model, dtype=cfg.dtype, max_len=max_len, mode=a.weights)
+    target = load_model(a.model, dtype=cfg.dtype, max_len=max_len, mode=a.weights,
+                        activations=a.activations)
     draft = None
     if a.model_draft and "draft-simple" in spec.types:
-        draft = load_model(a.model_draft, dtype=cfg.dtype, max_len=max_len, mode=a.weights)
+        draft = load_model(a.model_draft, dtype=cfg.dtype, max_len=max_len, mode=a.weights,
+                           activations=a.activations)
         res = check_compatible(target.tokenizer, draft.tokenizer)
         if not res.ok:
             from .errors import IncompatibleDraftError

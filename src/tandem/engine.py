@@ -282,11 +282,14 @@ class Engine:
             k = budget if ctl is None else min(budget, ctl.choose(None if is_model else 0.0))
             if k <= 0:
                 continue
+            catch_up = p.unseen() if is_model else 0
             t0 = time.perf_counter()
             draft = p.propose(k)
             dt = time.perf_counter() - t0
             seq.stats.t_draft += dt
-            if is_model:
+            # the per-token cost of drafting; a draft that first caught up on many tokens it
+            # skipped while idle (k = 0 steps) would overstate it, so that one is not recorded
+            if is_model and catch_up <= 2:
                 self.costs.record_draft(max(len(draft.ids), 1), dt)
             if draft.ids:
                 seq.drafted_by = ctl

@@ -2,7 +2,15 @@
 
 What is counted (the loader and the decoder hold exactly these):
 
-- weights, mode "int4" (GGUF): 2-D tensors stored as Q4_K, Q4_0 or Q4_1 (with a row count that
+- weights, mode "native" (GGUF; what "auto" means where the native kernels build): 2-D tensors
+  of the types the kernels read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay in the
+  file's memory map and are read in place, so they count at their size in the file: every
+  token reads every one of them, so all their pages become resident. token_embd.weight of such
+  a type is read row by row (only the rows of tokens seen become resident, a few MB): counted
+  only when it is also the output projection (a model without output.weight). Every other 2-D
+  tensor is dense at the compute dtype, which is float32 in this mode (the kernels take float32
+  activations), as is the KV cache.
+- weights, mode "int4" (GGUF; "auto" where the native kernels do not build): 2-D tensors stored as Q4_K, Q4_0 or Q4_1 (with a row count that
   is a multiple of 16, as the int4 kernel needs) are repacked to int4, rows*cols/2 bytes, plus a
   bf16 scale and offset per group of 32 weights (rows*cols/32 * 4 bytes); every other 2-D
   tensor is dense at the compute dtype; token_embd.weight is always dense (a model without
@@ -20,7 +28,7 @@ What is counted (the loader and the decoder hold exactly these):
   context is already excluded from the free memory torch.cuda.mem_get_info reports.
 
 Not counted: transient copies while loading (a tensor is dequantized, then packed), the
-tokenizer, and the mmap of the model file (page cache the kernel can drop).
+tokenizer, and in modes int4/dense the mmap of the model file (read once while loading).
 """
 
 from __future__ import annotations
@@ -40,7 +48,8 @@ if TYPE_CHECKING:
 INT4_TYPES = frozenset({"Q4_K", "Q4_0", "Q4_1"})
 INT4_GROUP = 32
 TORCH_RUNTIME_BYTES = 223_600 * 1024
-MODES = ("int4", "dense")
+MODES = ("auto", "native", "int4", "dense")
+NATIVE_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 DTYPES = ("auto", "bfloat16", "float32")
 MiB = 1 << 20
 GiB = 1 << 30
@@ -142,9 +151,16 @@ def fmt_bytes(n: int) -> str:
 def held_as(spec: ModelSpec, mode: str, dtype: str) -> tuple[str, int]:
     """(effective mode, bytes per dense element), as the loader decides them.
 
-    dtype "auto": float32 when every tensor of the file is F32 (tests, references), else bf16.
-    float32 compute, or a Hugging Face directory, means dense.
+    mode "auto": native where the kernels build here, else int4. dtype "auto": float32 in
+    native mode and when every tensor of the file is F32 (tests, references), else bf16.
+    float32 compute (except native), or a Hugging Face directory, means dense.
     """
+    if mode == "auto":
+        from . import kernels
+
+        mode = "native" if kernels.available() else "int4"
+    if mode == "native" and spec.source != "hf":
+        return mode, 2 if dtype == "bfloat16" else 4
     if dtype == "auto":
         all_f32 = all(t == "F32" for t, _ in spec.tensors.values())
         dtype = "float32" if all_f32 else "bfloat16"
@@ -157,8 +173,13 @@ def held_as(spec: ModelSpec, mode: str, dtype: str) -> tuple[str, int]:
 def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el: int) -> int:
     """Bytes the weights take once loaded (mode: effective mode; el: dense bytes per element)."""
     total = 0
+    tied = "output.weight" not in tensors
     for name, (type_name, shape) in tensors.items():
         n = math.prod(shape)
+        if mode == "native" and len(shape) == 2 and type_name in NATIVE_TYPES:
+            if name != "token_embd.weight" or tied:
+                total += _file_bytes(type_name, n)
+            continue
         if len(shape) < 2:
             total += n * (el if name.endswith(".bias") else 4)
         elif mode == "int4" and _packs_to_int4(name, type_name, shape):
@@ -166,6 +187,13 @@ def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el:
         else:
             total += n * el
     return total
+
+
+def _file_bytes(type_name: str, n: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    return n // block * size
 
 
 def _packs_to_int4(name: str, type_name: str, shape: tuple[int, ...]) -> bool:
@@ -209,7 +237,7 @@ def available_memory(device: str = "cpu") -> tuple[int, str]:
 
 
 def plan(models: list[ModelSpec], ctx_size: int, n_parallel: int = 1, max_k: int = 0,
-         mode: str = "int4", dtype: str = "auto", *, prefill_chunk: int = 512,
+         mode: str = "auto", dtype: str = "auto", *, prefill_chunk: int = 512,
          device: str = "cpu", available: int | None = None) -> MemoryPlan:
     """The memory the engine will hold for these models; `available` overrides the probe."""
     _check_settings(ctx_size, n_parallel, max_k, mode, dtype, prefill_chunk)
@@ -219,6 +247,7 @@ def plan(models: list[ModelSpec], ctx_size: int, n_parallel: int = 1, max_k: int
         rows.append(PlanRow(
             spec.role, spec.name,
             f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
+            f"GGUF blocks in place + {_dtype_name(el)}" if eff_mode == "native" else
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
             kv_cache_bytes(spec.args, ctx_size, n_parallel, max_k, el),

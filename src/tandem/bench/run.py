@@ -64,7 +64,7 @@ class Variant:
 
     @property
     def uses_draft(self) -> bool:
-        return "draft-simple" in self.spec_type.split(",")
+        return bool({"draft-simple", "auto"} & set(self.spec_type.split(",")))
 
     def label(self, n_max: int) -> str:
         return f"{self.spec_type} n-max {n_max}" if self.uses_draft else self.spec_type
@@ -77,6 +77,7 @@ SWEEP = (
     Variant("draft-n8", "draft-simple", 8),
     Variant("ngram", "ngram-simple"),
     Variant("ngram-draft", "ngram-simple,draft-simple"),
+    Variant("auto", "auto"),
 )
 
 
@@ -391,7 +392,8 @@ def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
         cmd += ["--spec-ngram-size-n", a.spec_ngram_size_n, "--spec-ngram-min-n",
                 a.spec_ngram_min_n, "--spec-ngram-size-m", a.spec_ngram_size_m]
     cmd += ["--ctx-size", a.ctx_size, "--threads", a.threads, "--dtype", a.dtype, "--weights",
-            a.weights, "--parallel", 1, "--host", HOST, "--port", port]
+            a.weights, "--activations", a.activations, "--parallel", 1, "--host", HOST,
+            "--port", port]
     return [str(c) for c in cmd]
 
 

@@ -18,7 +18,8 @@ from .linear import Dense
 from .gguf_file import GGUFFile
 
 SUPPORTED_ARCHS = ("qwen2", "llama")
-WEIGHT_MODES = ("int4", "dense")
+WEIGHT_MODES = ("auto", "native", "int4", "dense")
+ACTIVATION_BITS = {"int16": 16, "int8": 8}  # native kernels: activation rounding per block
 
 
 @dataclass(slots=True)
@@ -97,10 +98,26 @@ def _pick_dtype(requested: str, float_file: bool) -> torch.dtype:
     return torch.float32 if float_file else torch.bfloat16
 
 
+def resolve_mode(mode: str) -> str:
+    """"auto" -> "native" where the native kernels build and load here, else "int4"."""
+    from .. import kernels
+
+    if mode == "auto":
+        return "native" if kernels.available() else "int4"
+    if mode == "native" and not kernels.available():
+        raise TandemError(f"--weights native: native kernels unavailable "
+                          f"({kernels.unavailable_reason()})")
+    return mode
+
+
 def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
            linear: Callable[[str], torch.nn.Module], dtype: torch.dtype, max_len: int,
-           names: dict[str, str]) -> Transformer:
-    """names maps our weight roles to the checkpoint's names, with {i} for the layer."""
+           names: dict[str, str], embedding: Callable[[str], object] | None = None) -> Transformer:
+    """names maps our weight roles to the checkpoint's names, with {i} for the layer.
+
+    embedding(name), if given, returns the embedding table and the tied output projection as
+    (table, linear) or None to use the dense path.
+    """
 
     def need(name: str) -> Tensor:
         t = get(name)
@@ -115,11 +132,13 @@ def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
         w["attn_norm"] = need(names["attn_norm"].format(i=i)).float()
         w["ffn_norm"] = need(names["ffn_norm"].format(i=i)).float()
         blocks.append(Block(args, w))
-    emb = need(names["embed"]).to(dtype)
-    if args.tie_embeddings:
-        output: torch.nn.Module = Dense(emb)
+    special = embedding(names["embed"]) if embedding is not None else None
+    if special is not None:
+        emb, tied = special
     else:
-        output = linear(names["output"])
+        emb = need(names["embed"]).to(dtype)
+        tied = Dense(emb)
+    output = tied if args.tie_embeddings else linear(names["output"])
     return Transformer(args, emb, blocks, need(names["norm"]).float(), output, max_len, dtype)
 
 
@@ -141,15 +160,19 @@ HF_NAMES = {
 }
 
 
-def load_gguf(path: Path, dtype: str, max_len: int, mode: str) -> LoadedModel:
+def load_gguf(path: Path, dtype: str, max_len: int, mode: str, activations: str = "int16"
+              ) -> LoadedModel:
     from ..tokenizer import Tokenizer
-    from .quant import dequantize, dequantize_to, make_linear
+    from .quant import GGUFEmbedding, GGUFLinear, dequantize, dequantize_to, make_linear, native_ok
 
     t0 = time.perf_counter()
     g = GGUFFile(path)
     args = args_from_gguf(g)
     float_file = all(t.type_name == "F32" for t in g.tensors.values())
-    dt = _pick_dtype(dtype, float_file)
+    mode = resolve_mode(mode)
+    bits = ACTIVATION_BITS[activations]
+    # the native kernels take float32 activations: no bf16 rounding anywhere on that path
+    dt = torch.float32 if mode == "native" and dtype == "auto" else _pick_dtype(dtype, float_file)
 
     def get(name: str) -> Tensor | None:
         raw = g.tensors.get(name)
@@ -163,11 +186,17 @@ def load_gguf(path: Path, dtype: str, max_len: int, mode: str) -> LoadedModel:
         if raw is None:
             raise ModelFileError(f"missing tensor {base + '.weight'!r}")
         # the int4 kernel takes bf16 activations: a float32 run stays dense and exact
-        return make_linear(raw, dt, mode if dt == torch.bfloat16 else "dense",
-                           bias=g.tensors.get(base + ".bias"))
+        eff = mode if mode == "native" or dt == torch.bfloat16 else "dense"
+        return make_linear(raw, dt, eff, bias=g.tensors.get(base + ".bias"), bits=bits)
+
+    def embedding(name: str) -> tuple[object, torch.nn.Module] | None:
+        raw = g.tensors.get(name)
+        if mode != "native" or raw is None or not native_ok(raw):
+            return None  # read whole (dense) by get()
+        return GGUFEmbedding(raw), GGUFLinear(raw, bits=bits)
 
     try:
-        model = _build(args, get, linear, dt, max_len, GGUF_NAMES)
+        model = _build(args, get, linear, dt, max_len, GGUF_NAMES, embedding)
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None  # names the file once
     tok = Tokenizer.from_gguf_metadata(g.metadata)
@@ -211,16 +240,19 @@ def load_hf(path: Path, dtype: str, max_len: int) -> LoadedModel:
 
 
 def load_model(spec: str | Path, *, dtype: str = "auto", max_len: int = 4096,
-               mode: str = "int4") -> LoadedModel:
+               mode: str = "auto", activations: str = "int16") -> LoadedModel:
     """Load a named model (pulled on first use), a .gguf file or a HF directory."""
     from ..registry import resolve
 
     if mode not in WEIGHT_MODES:
         raise TandemError(f"weight mode must be one of {', '.join(WEIGHT_MODES)}, got {mode!r}")
+    if activations not in ACTIVATION_BITS:
+        raise TandemError(f"activations must be one of {', '.join(ACTIVATION_BITS)}, "
+                          f"got {activations!r}")
     path = resolve(str(spec))
     if path.is_dir() and (path / "config.json").is_file():
         m = load_hf(path, dtype, max_len)
     else:
-        m = load_gguf(path, dtype, max_len, mode)
+        m = load_gguf(path, dtype, max_len, mode, activations)
     m.name = str(spec)
     return m

@@ -37,6 +37,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
 
+from .. import kernels
 from ..errors import ModelFileError, TandemError
 from .gguf_file import RawTensor
 from .linear import Dense, is_wide
@@ -46,7 +47,7 @@ KERNEL_ZERO = 8  # the kernel dequantizes q as (q - 8) * s + z
 PACK_CHUNK_ROWS = 4096  # rows decoded at a time: bounds the int32 staging copy (a multiple of 64)
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16, QT.F64)
 INT4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
-LINEAR_MODES = ("int4", "dense")
+LINEAR_MODES = ("native", "int4", "dense")
 
 
 def _gguf_can_dequantize(qtype: QT) -> bool:
@@ -240,6 +241,61 @@ class QuantLinear(torch.nn.Module):
                 f"int4 group {self.group_size}")
 
 
+class GGUFLinear(torch.nn.Module):
+    """y = x @ W.T + b with W the GGUF blocks in place (the file's memory map), float32 in/out.
+
+    Decode and verification rows go through the native kernel (tandem/kernels/qmatmul.c):
+    weights exact, activations int16 per block, float32 sums, batch-invariant. A prefill chunk
+    (inside wide_gemm) expands the weight to float32 for one float32 GEMM instead.
+    """
+
+    def __init__(self, raw: RawTensor, bias: torch.Tensor | None = None, bits: int = 16) -> None:
+        super().__init__()
+        self.out_features, self.in_features = raw.shape
+        self.type_name = raw.type_name
+        self.bits = bits  # activation rounding: 16 or 8 (see kernels.matmul)
+        self.blocks = raw.data  # uint8 view of the file: (N, row bytes)
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous(),
+                             persistent=False)
+
+    def weight_float(self) -> torch.Tensor:
+        return kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_wide():
+            return torch.nn.functional.linear(x.float(), self.weight_float(), self.bias).to(x.dtype)
+        y = kernels.matmul(self.type_name, self.blocks, self.out_features, self.in_features, x,
+                           self.bias, self.bits)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{self.type_name} blocks in place, int{self.bits} activations")
+
+
+class GGUFEmbedding:
+    """Token embeddings read row by row from the GGUF blocks: emb[ids] -> float32 (..., dim)."""
+
+    def __init__(self, raw: RawTensor) -> None:
+        self.raw = raw
+        self.shape = raw.shape
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).numpy()
+        rows = np.ascontiguousarray(self.raw.data[flat])  # (T, row bytes): only these rows
+        out = kernels.dequantize(self.raw.type_name, rows, len(flat), self.shape[1])
+        return out.view(*ids.shape, self.shape[1])
+
+    def float(self) -> "GGUFEmbedding":  # already float32
+        return self
+
+
+def native_ok(raw: RawTensor) -> bool:
+    """The native kernel reads this 2-D tensor's blocks in place."""
+    return (len(raw.shape) == 2 and kernels.supports(raw.type_name)
+            and raw.data.ndim == 2 and raw.data.flags.c_contiguous)
+
+
 def _dense_linear(raw: RawTensor, dtype: torch.dtype, bias: torch.Tensor | None) -> Dense:
     return Dense(dequantize_to(raw, dtype), None if bias is None else bias.to(dtype))
 
@@ -288,10 +344,12 @@ def unpack_int4_float(packed: torch.Tensor, sz: torch.Tensor, group: int) -> tor
 
 
 def make_linear(
-    raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor | None = None
+    raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor | None = None, bits: int = 16
 ) -> torch.nn.Module:
     """A linear layer for a (N, K) GGUF weight (+ optional (N,) bias).
 
+    mode "native": the types the native kernels read (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)
+    become a GGUFLinear over the file's blocks (exact weights), anything else a Dense in `dtype`;
     mode "int4": Q4_0 / Q4_1 / Q4_K become a QuantLinear (exact up to bf16 scales), anything else a
     Dense in `dtype`; mode "dense": a Dense in `dtype` for every type.
     """
@@ -305,6 +363,8 @@ def make_linear(
             f"bias {bias.name!r} has {bias_values.shape[0]} values; weight {raw.name!r} has "
             f"{raw.shape[0]} rows"
         )
+    if mode == "native" and native_ok(raw):
+        return GGUFLinear(raw, bias_values, bits)
     packed = pack_int4(raw) if mode == "int4" else None
     if packed is None:
         return _dense_linear(raw, dtype, bias_values)

@@ -53,6 +53,7 @@ def generation_settings(s: SamplingParams, spec: SpecConfig, n_ctx: int) -> dict
 def spec_settings(spec: SpecConfig, draft_path: str | None) -> dict:
     return {
         "type": ",".join(spec.types),
+        "adaptive": spec.adaptive,  # --spec-type auto: k chosen per step by the controller
         "enabled": spec.enabled,
         "draft_model": draft_path,
         "n_max": spec.n_max,

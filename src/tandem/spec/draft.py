@@ -30,10 +30,21 @@ class DraftModelProposer:
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.tokens: list[int] = []
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], chunk: int = 512) -> None:
+        """Take the prompt and process it now, during prompt time, as the target does: all but
+        the last token (which the first propose feeds), in chunks, without logits."""
         self.tokens = list(prompt_ids)
         # a prefix the slot already holds from an earlier request is reused
-        self.cache.truncate(self.slot, self.cache.common_prefix(self.slot, prompt_ids[:-1]))
+        held = self.cache.common_prefix(self.slot, prompt_ids[:-1])
+        self.cache.truncate(self.slot, held)
+        for s in range(held, len(prompt_ids) - 1, chunk):
+            part = prompt_ids[s: min(s + chunk, len(prompt_ids) - 1)]
+            self.model(torch.tensor([part]), self.cache, [self.slot], [s], logits="none")
+            self.cache.append(self.slot, part)
+
+    def unseen(self) -> int:
+        """Tokens the next propose must feed before drafting (1 or 2 after a verification)."""
+        return len(self.tokens) - self.cache.length(self.slot)
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Run ids through the draft at its cache's end; the last position's logits (V,)."""

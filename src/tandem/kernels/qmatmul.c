@@ -1,0 +1,742 @@
+/* Matrix products straight on GGUF quantized blocks, for x86-64 with AVX2 + FMA + F16C.
+ *
+ * y[m, n] = sum_k W[n, k] * x[m, k] (+ bias[n]) for a few rows m (decode, verification), with W
+ * the tensor's bytes exactly as the GGUF file stores them (read in place from the memory map:
+ * no repacking, no copy). Every GGUF block type handled here is, per group of 32 weights,
+ *
+ *     w = scale * q + offset,   q small integers (Q6_K: the 16-weight sub-scales folded into q),
+ *
+ * so a group's contribution is scale * sum(q * x) + offset * sum(x). The activations are
+ * quantized per group of 32 to int16 (scale = max|x| / 32767, error <= 1/65534 of the group's
+ * largest value: 128 times finer than the bf16 activations of PyTorch's int4 kernel), the
+ * integer dot products run on _mm256_madd_epi16 (16 products per instruction), and everything
+ * after that is float32. sum(x) uses the float values.
+ *
+ * Each output element is computed by the same sequence of operations whatever the number of
+ * rows M, the other rows, or the thread count: results are batch-invariant bit for bit, so a
+ * verification pass gives exactly the logits of one-token decoding.
+ *
+ * Block layouts (ggml-common.h; fp16 = IEEE half):
+ *   Q4_0 (18 B / 32):  d, qs[16]            w[j] = d (lo(qs[j]) - 8),   w[j+16] = d (hi(qs[j]) - 8)
+ *   Q4_1 (20 B / 32):  d, m, qs[16]         w = d q + m
+ *   Q5_0 (22 B / 32):  d, qh[4], qs[16]     q = nibble | (bit j of qh) << 4, w = d (q - 16)
+ *   Q5_1 (24 B / 32):  d, m, qh[4], qs[16]  w = d q + m
+ *   Q8_0 (34 B / 32):  d, int8 qs[32]       w = d q
+ *   Q4_K (144 B / 256): d, dmin, scales[12] (8 x 6-bit sc, 8 x 6-bit mn), qs[128]
+ *        64-weight chunk c: bytes qs[32c..32c+31]; low nibbles = sub-block 2c, high = 2c+1;
+ *        w = d sc[s] q - dmin mn[s]
+ *   Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]: as Q4_K, plus bit (2c) / (2c+1)
+ *        of qh[l] as the fifth bit of weight l of sub-block 2c / 2c+1
+ *   Q6_K (210 B / 256): ql[128], qh[64], int8 scales[16], d; per half h (128 weights):
+ *        q = (4 bits of ql) | (2 bits of qh) << 4, w = d scales[16-weight group] (q - 32)
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };  /* ggml type ids */
+
+#define MR 8 /* activation rows per pass over a weight row */
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ---- activations: int16 per block of `qb` (32, or 256 for the K-quants) ---------------- */
+
+#define XQ_MAX 16383.f /* 15 bits: the K-quant integer sums below stay inside int32 */
+
+/* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums */
+static void quantize_row(const float *x, int64_t K, int qb, int16_t *q, float *s, float *sum) {
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    for (int64_t b0 = 0; b0 < K; b0 += qb) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t i = b0; i < b0 + qb; i += 8)
+            a = _mm256_max_ps(a, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + i)));
+        float am[8], amax = 0.f;
+        _mm256_storeu_ps(am, a);
+        for (int i = 0; i < 8; i++)
+            amax = am[i] > amax ? am[i] : amax;
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? XQ_MAX / amax : 0.f);
+        for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
+            const float *xg = x + 32 * g;
+            __m256 t = _mm256_setzero_ps();
+            __m256i i32[4];
+            for (int i = 0; i < 4; i++) {
+                const __m256 v = _mm256_loadu_ps(xg + 8 * i);
+                t = _mm256_add_ps(t, v);
+                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv)); /* nearest even */
+            }
+            /* packs works per 128-bit lane: [a0..3 b0..3 a4..7 b4..7] -> fix the order */
+            __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
+            __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+            _mm256_storeu_si256((__m256i *)(q + 32 * g), p0);
+            _mm256_storeu_si256((__m256i *)(q + 32 * g + 16), p1);
+            float ts[8], tsum = 0.f;
+            _mm256_storeu_ps(ts, t);
+            for (int i = 0; i < 8; i++)
+                tsum += ts[i];
+            s[g] = amax / XQ_MAX;
+            sum[g] = tsum;
+        }
+    }
+}
+
+/* ---- one group of 32 weights against `mr` activation rows ------------------------------- */
+
+typedef struct {
+    const int16_t *q; /* row m of the activations: q + m * K */
+    const float *s, *sum;
+    int64_t K, G; /* K and K / 32 */
+} acts_t;
+
+/* acc[m] += (wscale * s_m) * sum(w16 * xq_m) ; off[m] += woff * sum_m, for group g */
+#define GROUP(w0, w1, wscale, woff, g)                                                        \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            const int16_t *xq = A->q + m * A->K + 32 * (g);                                   \
+            __m256i p = _mm256_add_epi32(                                                      \
+                _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xq)),                \
+                _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + 16))));        \
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                                    \
+                                     _mm256_set1_ps((wscale) * A->s[m * A->G + (g)]), acc[m]); \
+            off[m] += (woff) * A->sum[m * A->G + (g)];                                         \
+        }                                                                                     \
+    } while (0)
+
+/* isum[m] += sum over 64 weights (four int16 x 16 vectors) at activation offset o */
+#define DOT64(v0, v1, v2, v3, o)                                                              \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            const __m256i *xq = (const __m256i *)(A->q + m * A->K + (o));                     \
+            __m256i p = _mm256_add_epi32(_mm256_madd_epi16(v0, _mm256_loadu_si256(xq)),       \
+                                         _mm256_madd_epi16(v1, _mm256_loadu_si256(xq + 1)));  \
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(v2, _mm256_loadu_si256(xq + 2)));       \
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(v3, _mm256_loadu_si256(xq + 3)));       \
+            isum[m] = _mm256_add_epi32(isum[m], p);                                           \
+        }                                                                                     \
+    } while (0)
+
+/* acc[m] += cvt(isum[m]) * (d * activation scale of the 32-group g); isum[m] = 0 */
+#define FLUSH(d, g)                                                                           \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]),                              \
+                                     _mm256_set1_ps((d) * A->s[m * A->G + (g)]), acc[m]);      \
+            isum[m] = _mm256_setzero_si256();                                                 \
+        }                                                                                     \
+    } while (0)
+
+static inline __m256i lo16(__m128i b) { /* 16 bytes -> 16 x int16 low nibbles */
+    return _mm256_and_si256(_mm256_cvtepu8_epi16(b), _mm256_set1_epi16(0x0F));
+}
+static inline __m256i hi16(__m128i b) { /* 16 bytes -> 16 x int16 high nibbles */
+    return _mm256_srli_epi16(_mm256_cvtepu8_epi16(b), 4);
+}
+/* 16 x int16 with 16 in lane j where bit j of `bits` (16 bits) is set */
+static inline __m256i bit16(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                          4096, 8192, 16384, (short)32768);
+    __m256i b = _mm256_set1_epi16((short)bits);
+    return _mm256_and_si256(_mm256_cmpeq_epi16(_mm256_and_si256(b, sel), sel),
+                            _mm256_set1_epi16(16));
+}
+
+static inline void k_scale_min(const uint8_t *q, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The eight 6-bit scales and mins of a Q4_K/Q5_K block, unpacked four bytes at a time:
+ * sc16 = the scales as int16, the same eight in both 128-bit lanes; mnf = the mins as floats. */
+static inline void k4_scales(const uint8_t *q, __m256i *sc16, __m256 *mnf) {
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t sc_lo = u[0] & m6, mn_lo = u[1] & m6;  /* j < 4 */
+    const uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);  /* j >= 4 */
+    const uint32_t mn_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    const __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
+    *sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+    *mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+
+/* int16 word j (0..7) of each 128-bit lane of v, in every word of that lane */
+static inline __m256i word_bcast(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
+}
+/* word j of the low lane in the low lane's words, word j2 of the high lane in the high lane's */
+static inline __m256i word_bcast2(__m256i v, int j, int j2) {
+    return _mm256_shuffle_epi8(v, _mm256_setr_m128i(_mm_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))),
+                                                    _mm_set1_epi16((short)(((2 * j2 + 1) << 8) | (2 * j2)))));
+}
+
+/* One weight row (its blocks at w) against up to MR activation rows: out[m] = dot.
+ * Always inlined into row_dot_1..4 so that mr is a constant and acc[] stays in registers. */
+static inline __attribute__((always_inline)) void row_dot(int type, const uint8_t *w, const acts_t *A, int mr, float *out) {
+    __m256 acc[MR], offv[MR];
+    __m256i isum[MR];
+    float off[MR];
+    for (int m = 0; m < MR; m++) {
+        acc[m] = offv[m] = _mm256_setzero_ps();
+        isum[m] = _mm256_setzero_si256();
+        off[m] = 0.f;
+    }
+    const int64_t G = A->G;
+    switch (type) {
+    case T_Q4_0:
+        for (int64_t g = 0; g < G; g++, w += 18) {
+            const float d = f16(w);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + 2));
+            __m256i w0 = lo16(b), w1 = hi16(b);
+            GROUP(w0, w1, d, -8.f * d, g);
+        }
+        break;
+    case T_Q4_1:
+        for (int64_t g = 0; g < G; g++, w += 20) {
+            const float d = f16(w), mm = f16(w + 2);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + 4));
+            __m256i w0 = lo16(b), w1 = hi16(b);
+            GROUP(w0, w1, d, mm, g);
+        }
+        break;
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int hasm = type == T_Q5_1, bs = hasm ? 24 : 22;
+        for (int64_t g = 0; g < G; g++, w += bs) {
+            const float d = f16(w), mm = hasm ? f16(w + 2) : -16.f * d;
+            uint32_t qh;
+            memcpy(&qh, w + 2 + 2 * hasm, 4);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + 6 + 2 * hasm));
+            __m256i w0 = _mm256_or_si256(lo16(b), bit16(qh & 0xFFFF));
+            __m256i w1 = _mm256_or_si256(hi16(b), bit16(qh >> 16));
+            GROUP(w0, w1, d, mm, g);
+        }
+        break;
+    }
+    case T_Q8_0:
+        for (int64_t g = 0; g < G; g++, w += 34) {
+            const float d = f16(w);
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2)));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 18)));
+            GROUP(w0, w1, d, 0.f, g);
+        }
+        break;
+    case T_Q4_K:
+    case T_Q5_K: {
+        /* integer sums over the whole super-block: q * sc <= 31 * 63 and |x| <= 16383, so
+         * 16 madd pairs per lane stay below 2^31; one float step per 256 weights */
+        const int five = type == T_Q5_K, bs = five ? 176 : 144;
+        const __m256i sixteen = _mm256_set1_epi16(16);
+        for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
+            const float d = f16(w), dmin = f16(w + 2);
+            const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
+            __m256i sc16;
+            __m256 mnv;
+            k4_scales(w + 4, &sc16, &mnv);
+            __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+            if (five) {
+                h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qh));
+                h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
+            }
+            for (int c = 0; c < 4; c++) {
+                const __m128i b0 = _mm_loadu_si128((const __m128i *)(qs + 32 * c));
+                const __m128i b1 = _mm_loadu_si128((const __m128i *)(qs + 32 * c + 16));
+                __m256i a0 = lo16(b0), a1 = lo16(b1), c0 = hi16(b0), c1 = hi16(b1);
+                if (five) { /* fifth bit: bit 2c of qh[l] for the low nibbles, 2c+1 for high */
+                    a0 = _mm256_or_si256(a0, _mm256_and_si256(_mm256_slli_epi16(
+                                                 _mm256_srli_epi16(h0, 2 * c), 4), sixteen));
+                    a1 = _mm256_or_si256(a1, _mm256_and_si256(_mm256_slli_epi16(
+                                                 _mm256_srli_epi16(h1, 2 * c), 4), sixteen));
+                    c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(
+                                                 _mm256_srli_epi16(h0, 2 * c + 1), 4), sixteen));
+                    c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(
+                                                 _mm256_srli_epi16(h1, 2 * c + 1), 4), sixteen));
+                }
+                const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
+                a0 = _mm256_mullo_epi16(a0, s0);
+                a1 = _mm256_mullo_epi16(a1, s0);
+                c0 = _mm256_mullo_epi16(c0, s1);
+                c1 = _mm256_mullo_epi16(c1, s1);
+                DOT64(a0, a1, c0, c1, 256 * sb + 64 * c);
+            }
+            FLUSH(d, 8 * sb);
+            /* the offsets: -dmin * sum_j mn[j] * sum(x of group j) */
+            const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv);
+            for (int m = 0; m < mr; m++)
+                offv[m] = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(A->sum + m * G + 8 * sb), offv[m]);
+        }
+        break;
+    }
+    case T_Q6_K: {
+        /* (q - 32) * sc fits int16 (|.| <= 4096); 8 madd pairs per lane per half stay < 2^31 */
+        const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30),
+                      k32 = _mm256_set1_epi16(32);
+        for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
+            const uint8_t *ql = w, *qh = w + 128;
+            const int8_t *sc = (const int8_t *)(w + 192);
+            const float d = f16(w + 208);
+            const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+            for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+                /* sc[8h .. 8h+7] as int16 in both lanes */
+                const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
+                                      : _mm256_permute2x128_si256(scw, scw, 0x00);
+                /* lanes l = 0..15 and 16..31 of this half feed four groups of 32 weights */
+                for (int part = 0; part < 2; part++) {
+                    const int l = 16 * part;
+                    __m256i A0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l)));
+                    __m256i B0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+                    __m256i H = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + l)));
+                    __m256i v0 = _mm256_or_si256(_mm256_and_si256(A0, m4),
+                                                 _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+                    __m256i v1 = _mm256_or_si256(_mm256_and_si256(B0, m4),
+                                                 _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+                    __m256i v2 = _mm256_or_si256(_mm256_srli_epi16(A0, 4), _mm256_and_si256(H, m30));
+                    __m256i v3 = _mm256_or_si256(_mm256_srli_epi16(B0, 4),
+                                                 _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+                    v0 = _mm256_mullo_epi16(_mm256_sub_epi16(v0, k32), word_bcast(sch, part));
+                    v1 = _mm256_mullo_epi16(_mm256_sub_epi16(v1, k32), word_bcast(sch, 2 + part));
+                    v2 = _mm256_mullo_epi16(_mm256_sub_epi16(v2, k32), word_bcast(sch, 4 + part));
+                    v3 = _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part));
+                    /* weights l.., l+32.., l+64.., l+96.. of this half */
+                    const int64_t o = 256 * sb + 128 * h + l;
+                    for (int m = 0; m < mr; m++) {
+                        const int16_t *xq = A->q + m * A->K + o;
+                        __m256i p = _mm256_add_epi32(
+                            _mm256_madd_epi16(v0, _mm256_loadu_si256((const __m256i *)xq)),
+                            _mm256_madd_epi16(v1, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(v2, _mm256_loadu_si256((const __m256i *)(xq + 64))));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(v3, _mm256_loadu_si256((const __m256i *)(xq + 96))));
+                        isum[m] = _mm256_add_epi32(isum[m], p);
+                    }
+                }
+                FLUSH(d, 8 * sb);
+            }
+        }
+        break;
+    }
+    }
+    for (int m = 0; m < mr; m++) {
+        const __m256 t = _mm256_add_ps(acc[m], offv[m]);
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        out[m] = _mm_cvtss_f32(s4) + off[m];
+    }
+}
+
+#define ROW_DOT(R)                                                                       \
+    static void row_dot_##R(int type, const uint8_t *w, const acts_t *A, float *out) {   \
+        row_dot(type, w, A, R, out);                                                      \
+    }
+ROW_DOT(1)
+ROW_DOT(2)
+ROW_DOT(3)
+ROW_DOT(4)
+ROW_DOT(5)
+ROW_DOT(6)
+ROW_DOT(7)
+ROW_DOT(8)
+typedef void (*row_dot_fn)(int, const uint8_t *, const acts_t *, float *);
+static const row_dot_fn ROW_DOTS[MR + 1] = {0,         row_dot_1, row_dot_2, row_dot_3, row_dot_4,
+                                          row_dot_5, row_dot_6, row_dot_7, row_dot_8};
+
+static int64_t tq_block_bytes_(int type);
+
+/* ---- int8 activations (llama.cpp's scheme: Q8_K for the K-quants, Q8_0 otherwise) ------------
+ * x~ = d * q8, d = max|x| / 127 per block of 256 (K-quants) or 32; u8 x s8 products on
+ * _mm256_maddubs_epi16 (32 per instruction): half the multiply work of the int16 path, at
+ * llama.cpp's precision (|x - x~| <= d / 2). Opt-in (TANDEM_ACTIVATIONS=int8 / --activations). */
+
+typedef struct {
+    const int8_t *q;       /* row m: q + m * K */
+    const float *s, *sum;  /* per 32-group: the block's scale; float sum of x */
+    const int16_t *bs;     /* per 16-group: sum of q8 (Q6_K's -32) */
+    int64_t K, G;
+} acts8_t;
+
+static void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
+                          int16_t *bs) {
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b0 = 0; b0 < K; b0 += qb) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t i = b0; i < b0 + qb; i += 8)
+            a = _mm256_max_ps(a, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + i)));
+        float am[8], amax = 0.f;
+        _mm256_storeu_ps(am, a);
+        for (int i = 0; i < 8; i++)
+            amax = am[i] > amax ? am[i] : amax;
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
+            const float *xg = x + 32 * g;
+            __m256 t = _mm256_setzero_ps();
+            __m256i i32[4];
+            for (int i = 0; i < 4; i++) {
+                const __m256 v = _mm256_loadu_ps(xg + 8 * i);
+                t = _mm256_add_ps(t, v);
+                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
+            }
+            for (int h = 0; h < 2; h++) { /* sums of the int8 values per 16 */
+                int32_t v[8], acc = 0;
+                _mm256_storeu_si256((__m256i *)v, _mm256_add_epi32(i32[2 * h], i32[2 * h + 1]));
+                for (int i = 0; i < 8; i++)
+                    acc += v[i];
+                bs[2 * g + h] = (int16_t)acc;
+            }
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]),
+                                           _mm256_packs_epi32(i32[2], i32[3]));
+            _mm256_storeu_si256((__m256i *)(q + 32 * g), _mm256_permutevar8x32_epi32(p, order));
+            float ts[8], tsum = 0.f;
+            _mm256_storeu_ps(ts, t);
+            for (int i = 0; i < 8; i++)
+                tsum += ts[i];
+            s[g] = amax / 127.f;
+            sum[g] = tsum;
+        }
+    }
+}
+
+/* 32 bytes: 0x10 where bit i of `bits` is set (byte i), else 0 */
+static inline __m256i bits_to_16(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread); /* byte i/8 */
+    b = _mm256_cmpeq_epi8(_mm256_and_si256(b, sel), sel);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+static inline __m256i nibbles32(const uint8_t *qs) { /* 16 bytes -> 32 x u8: lo then hi */
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(b, m)),
+                                   _mm_and_si128(_mm_srli_epi16(b, 4), m), 1);
+}
+
+#define GROUP8(wq, wscale, woff, g)                                                           \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(A->q + m * A->K + 32 * (g))); \
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);                \
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                                    \
+                                     _mm256_set1_ps((wscale) * A->s[m * A->G + (g)]), acc[m]); \
+            off[m] += (woff) * A->sum[m * A->G + (g)];                                         \
+        }                                                                                     \
+    } while (0)
+
+static inline __attribute__((always_inline)) void row_dot8(int type, const uint8_t *w,
+                                                            const acts8_t *A, int mr, float *out) {
+    __m256 acc[MR], offv[MR];
+    __m256i isum[MR];
+    float off[MR];
+    for (int m = 0; m < MR; m++) {
+        acc[m] = offv[m] = _mm256_setzero_ps();
+        isum[m] = _mm256_setzero_si256();
+        off[m] = 0.f;
+    }
+    const int64_t G = A->G, K = A->K;
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+    switch (type) {
+    case T_Q4_0:
+    case T_Q4_1:
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int hasm = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+        const int64_t bs = tq_block_bytes_(type);
+        for (int64_t g = 0; g < G; g++, w += bs) {
+            const float d = f16(w);
+            const float woff = hasm ? f16(w + 2) : (five ? -16.f * d : -8.f * d);
+            __m256i q = nibbles32(w + 2 + 2 * hasm + 4 * five);
+            if (five) {
+                uint32_t qh;
+                memcpy(&qh, w + 2 + 2 * hasm, 4);
+                q = _mm256_or_si256(q, bits_to_16(qh));
+            }
+            GROUP8(q, d, woff, g);
+        }
+        break;
+    }
+    case T_Q8_0:
+        for (int64_t g = 0; g < G; g++, w += 34) {
+            const float d = f16(w);
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)(w + 2));
+            const __m256i aw = _mm256_sign_epi8(wq, wq); /* |w|, and x takes w's sign */
+            for (int m = 0; m < mr; m++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(A->q + m * K + 32 * g));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wq)), ones);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                         _mm256_set1_ps(d * A->s[m * G + g]), acc[m]);
+            }
+        }
+        break;
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K, bs = five ? 176 : 144;
+        const __m256i one8 = _mm256_set1_epi8(1);
+        for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
+            const float d = f16(w), dmin = f16(w + 2);
+            const uint8_t *qs = w + (five ? 48 : 16);
+            __m256i sc16;
+            __m256 mnv;
+            k4_scales(w + 4, &sc16, &mnv);
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(w + 16))
+                                    : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                const __m256i q32 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(q32, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q32, 4), m4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(
+                                                 _mm256_srli_epi16(qh, 2 * c), one8), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(
+                                                 _mm256_srli_epi16(qh, 2 * c + 1), one8), 4));
+                }
+                const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
+                for (int m = 0; m < mr; m++) {
+                    const int8_t *xq = A->q + m * K + 256 * sb + 64 * c;
+                    __m256i p = _mm256_add_epi32(
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), s0),
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), s1));
+                    isum[m] = _mm256_add_epi32(isum[m], p);
+                }
+            }
+            FLUSH(d, 8 * sb);
+            const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv);
+            for (int m = 0; m < mr; m++)
+                offv[m] = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(A->sum + m * G + 8 * sb), offv[m]);
+        }
+        break;
+    }
+    case T_Q6_K: {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
+            const uint8_t *ql = w, *qh = w + 128;
+            const int8_t *sc = (const int8_t *)(w + 192);
+            const float d = f16(w + 208);
+            const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+            for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+                const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
+                                      : _mm256_permute2x128_si256(scw, scw, 0x00);
+                const __m256i L0 = _mm256_loadu_si256((const __m256i *)ql);
+                const __m256i L1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                const __m256i H = _mm256_loadu_si256((const __m256i *)qh);
+                __m256i q[4], sv[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(L0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(L1, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4), _mm256_and_si256(H, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+                for (int i = 0; i < 4; i++) /* weights 0..15 of group i: sc[8h+2i], 16..31: +1 */
+                    sv[i] = word_bcast2(sch, 2 * i, 2 * i + 1);
+                for (int m = 0; m < mr; m++) {
+                    const int8_t *xq = A->q + m * K + 256 * sb + 128 * h;
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[0], _mm256_loadu_si256((const __m256i *)xq)), sv[0]);
+                    for (int i = 1; i < 4; i++)
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                    q[i], _mm256_loadu_si256((const __m256i *)(xq + 32 * i))), sv[i]));
+                    isum[m] = _mm256_add_epi32(isum[m], p);
+                }
+            }
+            /* q - 32: subtract 32 * sum_j sc[j] * (sum of x8 over 16-group j) */
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+            for (int m = 0; m < mr; m++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(A->bs + m * (K / 16) + 16 * sb));
+                isum[m] = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(_mm256_madd_epi16(sc16, b), 5));
+            }
+            FLUSH(d, 8 * sb);
+        }
+        break;
+    }
+    }
+    for (int m = 0; m < mr; m++) {
+        const __m256 t = _mm256_add_ps(acc[m], offv[m]);
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        out[m] = _mm_cvtss_f32(s4) + off[m];
+    }
+}
+
+#define ROW_DOT8(R)                                                                      \
+    static void row_dot8_##R(int type, const uint8_t *w, const acts8_t *A, float *out) { \
+        row_dot8(type, w, A, R, out);                                                     \
+    }
+ROW_DOT8(1)
+ROW_DOT8(2)
+ROW_DOT8(3)
+ROW_DOT8(4)
+ROW_DOT8(5)
+ROW_DOT8(6)
+ROW_DOT8(7)
+ROW_DOT8(8)
+typedef void (*row_dot8_fn)(int, const uint8_t *, const acts8_t *, float *);
+static const row_dot8_fn ROW_DOTS8[MR + 1] = {0,          row_dot8_1, row_dot8_2, row_dot8_3, row_dot8_4,
+                                              row_dot8_5, row_dot8_6, row_dot8_7, row_dot8_8};
+
+int64_t tq_block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    }
+    return 0;
+}
+
+static int64_t tq_block_bytes_(int type) { return tq_block_bytes(type); }
+
+static int64_t block_weights(int type) { return type >= T_Q4_K ? 256 : 32; }
+
+/* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the
+ * activations are quantized. Returns 0, or -1 for an unsupported type, K or bits, -2 when out
+ * of memory. */
+int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+              float *y, const float *bias, int nthreads, int bits) {
+    const int64_t bb = tq_block_bytes(type);
+    if (bb == 0 || K % block_weights(type) != 0 || M <= 0 || (bits != 8 && bits != 16))
+        return -1;
+    const int64_t row_bytes = K / block_weights(type) * bb, G = K / 32;
+    const int qb = (int)block_weights(type); /* activation scale per weight block */
+    void *xq = aligned_alloc(64, ((M * K * (bits / 8) + 63) / 64) * 64);
+    float *xs = malloc(sizeof(float) * M * G), *xsum = malloc(sizeof(float) * M * G);
+    int16_t *bs = malloc(sizeof(int16_t) * M * (K / 16));
+    if (!xq || !xs || !xsum || !bs) {
+        free(xq); free(xs); free(xsum); free(bs);
+        return -2;
+    }
+    if (nthreads < 1)
+        nthreads = 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            if (bits == 16)
+                quantize_row(x + m * K, K, qb, (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
+            else
+                quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
+                              bs + m * (K / 16));
+        }
+        /* implicit barrier */
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *wr = W + n * row_bytes;
+            for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+                float out[MR];
+                if (bits == 16) {
+                    acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
+                    ROW_DOTS[mr](type, wr, &A, out);
+                } else {
+                    acts8_t A = {(int8_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G,
+                                 bs + m0 * (K / 16), K, G};
+                    ROW_DOTS8[mr](type, wr, &A, out);
+                }
+                const float b = bias ? bias[n] : 0.f;
+                for (int m = 0; m < mr; m++)
+                    y[(m0 + m) * N + n] = out[m] + b;
+            }
+        }
+    }
+    free(xq); free(xs); free(xsum); free(bs);
+    return 0;
+}
+
+/* ---- dequantization to float32 (prefill expands weights per call; tests) ------------------ */
+
+static void dequant_row(int type, const uint8_t *w, int64_t K, float *y) {
+    switch (type) {
+    case T_Q4_0:
+    case T_Q4_1:
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int hasm = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+        const int64_t bs = tq_block_bytes(type);
+        for (int64_t g = 0; g < K / 32; g++, w += bs, y += 32) {
+            const float d = f16(w);
+            const float mm = hasm ? f16(w + 2) : (five ? -16.f * d : -8.f * d);
+            uint32_t qh = 0;
+            if (five)
+                memcpy(&qh, w + 2 + 2 * hasm, 4);
+            const uint8_t *qs = w + 2 + 2 * hasm + 4 * five;
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) + mm;
+                y[j + 16] = d * (float)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) + mm;
+            }
+        }
+        break;
+    }
+    case T_Q8_0:
+        for (int64_t g = 0; g < K / 32; g++, w += 34, y += 32) {
+            const float d = f16(w);
+            for (int j = 0; j < 32; j++)
+                y[j] = d * (float)(int8_t)w[2 + j];
+        }
+        break;
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K, bs = five ? 176 : 144;
+        for (int64_t sb = 0; sb < K / 256; sb++, w += bs) {
+            const float d = f16(w), dmin = f16(w + 2);
+            const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
+            for (int c = 0; c < 4; c++, y += 64) {
+                int sc0, mn0, sc1, mn1;
+                k_scale_min(scales, 2 * c, &sc0, &mn0);
+                k_scale_min(scales, 2 * c + 1, &sc1, &mn1);
+                const float d0 = d * sc0, m0 = dmin * mn0, d1 = d * sc1, m1 = dmin * mn1;
+                for (int l = 0; l < 32; l++) {
+                    const int h0 = five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0;
+                    const int h1 = five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
+                    y[l] = d0 * (float)((qs[32 * c + l] & 0xF) | h0) - m0;
+                    y[l + 32] = d1 * (float)((qs[32 * c + l] >> 4) | h1) - m1;
+                }
+            }
+        }
+        break;
+    }
+    case T_Q6_K:
+        for (int64_t sb = 0; sb < K / 256; sb++, w += 210) {
+            const uint8_t *ql = w, *qh = w + 128;
+            const int8_t *sc = (const int8_t *)(w + 192);
+            const float d = f16(w + 208);
+            for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    y[l] = d * sc[is] * (float)(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+                    y[l + 32] = d * sc[is + 2] *
+                                (float)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                    y[l + 64] = d * sc[is + 4] * (float)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                    y[l + 96] = d * sc[is + 6] *
+                                (float)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                }
+            }
+        }
+        break;
+    }
+}
+
+/* out (N, K) float32 = the weights of rows [0, N) of W. Returns 0, or -1 (type or K). */
+int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, int nthreads) {
+    const int64_t bb = tq_block_bytes(type);
+    if (bb == 0 || K % block_weights(type) != 0)
+        return -1;
+    const int64_t row_bytes = K / block_weights(type) * bb;
+    if (nthreads < 1)
+        nthreads = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t n = 0; n < N; n++)
+        dequant_row(type, W + n * row_bytes, K, out + n * K);
+    return 0;
+}
