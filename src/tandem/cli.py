@@ -35,6 +35,10 @@ def add_model_args(p: argparse.ArgumentParser, *, default_model: str | None = "d
                    help="native weights only: how the kernels round activations per block. "
                         "int16 (default): within 1/32766 of the block's largest value; int8: "
                         "llama.cpp's Q8_K/Q8_0 rounding (1/254), faster, less exact")
+    g.add_argument("--activations-draft", default="int8", choices=("int16", "int8"),
+                   help="the same for the draft model; default int8: the draft only proposes, "
+                        "the target decides every token, so its rounding cannot change the "
+                        "output, only how often its guesses are accepted")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -120,7 +124,7 @@ def load_engine(a: argparse.Namespace, n_parallel: int = 1, log=None):
     draft = None
     if a.model_draft and "draft-simple" in spec.types:
         draft = load_model(a.model_draft, dtype=cfg.dtype, max_len=max_len, mode=a.weights,
-                           activations=a.activations)
+                           activations=a.activations_draft)
         res = check_compatible(target.tokenizer, draft.tokenizer)
         if not res.ok:
             from .errors import IncompatibleDraftError

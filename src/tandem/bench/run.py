@@ -392,7 +392,8 @@ def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
         cmd += ["--spec-ngram-size-n", a.spec_ngram_size_n, "--spec-ngram-min-n",
                 a.spec_ngram_min_n, "--spec-ngram-size-m", a.spec_ngram_size_m]
     cmd += ["--ctx-size", a.ctx_size, "--threads", a.threads, "--dtype", a.dtype, "--weights",
-            a.weights, "--activations", a.activations, "--parallel", 1, "--host", HOST,
+            a.weights, "--activations", a.activations, "--activations-draft",
+            a.activations_draft, "--parallel", 1, "--host", HOST,
             "--port", port]
     return [str(c) for c in cmd]
 

@@ -38,7 +38,8 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };  /* ggml type ids */
 
-#define MR 8 /* activation rows per pass over a weight row */
+#define MR 8  /* activation rows per pass over a weight row */
+#define MB 64 /* activation rows per block of the loop over weight rows */
 
 static inline float f16(const uint8_t *p) {
     uint16_t h;
@@ -629,12 +630,15 @@ int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, 
                 quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
                               bs + m * (K / 16));
         }
-        /* implicit barrier */
+        /* implicit barrier. Rows of x in blocks of MB (a prefill chunk has hundreds): each
+         * block's activations stay in cache while every weight row passes over them. */
+        for (int64_t mb = 0; mb < M; mb += MB) {
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *wr = W + n * row_bytes;
-            for (int64_t m0 = 0; m0 < M; m0 += MR) {
-                const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            for (int64_t m0 = mb; m0 < M && m0 < mb + MB; m0 += MR) {
+                const int mr = (M < mb + MB ? M : mb + MB) - m0 < MR
+                                   ? (int)((M < mb + MB ? M : mb + MB) - m0) : MR;
                 float out[MR];
                 if (bits == 16) {
                     acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
@@ -648,6 +652,7 @@ int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, 
                 for (int m = 0; m < mr; m++)
                     y[(m0 + m) * N + n] = out[m] + b;
             }
+        }
         }
     }
     free(xq); free(xs); free(xsum); free(bs);
