@@ -13,6 +13,7 @@ from tandem.memory import (
     ModelSpec,
     available_memory,
     kv_cache_bytes,
+    largest_layer_weight,
     plan,
     weight_bytes,
     working_bytes,
@@ -98,12 +99,19 @@ def test_kv_cache_matches_the_decoders_cache():
 
 
 def test_working_buffer_arithmetic():
-    # logits 2 slots * 5 rows * 100; chunk 64 * max(3*160, 4 heads * 1000); chunk logits 64*100;
-    # rope 1005 * 16
-    expected = 4 * (2 * 5 * 100 + 64 * max(480, 4000) + 64 * 100 + 1005 * 16)
+    # logits 2 slots * 5 rows * 100; chunk 64 * max(3*160, 4 heads * 1000); rope 1005 * 16
+    expected = 4 * (2 * 5 * 100 + 64 * max(480, 4000) + 1005 * 16)
     assert working_bytes(ARGS, 1000, 2, 4, 64) == expected
     # a short context: the FFN dominates and the chunk is capped at the context
-    assert working_bytes(ARGS, 16, 1, 0, 512) == 4 * (100 + 16 * 480 + 16 * 100 + 17 * 16)
+    assert working_bytes(ARGS, 16, 1, 0, 512) == 4 * (100 + 16 * 480 + 17 * 16)
+    # compact weights: the largest layer weight (ffn 160 x 64) is expanded for a prefill chunk
+    assert largest_layer_weight(TENSORS) == 160 * 64
+    p = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "native", prefill_chunk=64,
+             available=10**9)
+    assert p.rows[0].working == expected + 4 * 160 * 64
+    dense32 = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "dense", "float32", prefill_chunk=64,
+                   available=10**9)
+    assert dense32.rows[0].working == expected
 
 
 def test_totals_fits_and_table():

@@ -21,8 +21,10 @@ What is counted (the loader and the decoder hold exactly these):
   * head_dim, at 2 bytes (bf16) or 4 (float32), preallocated once.
 - working buffers, float32: the verify logits, n_parallel * (max_k + 1) rows * vocab; one
   prefill chunk's activations, chunk * max(3 * ffn_dim (gate, up, product),
-  n_heads * ctx_size (attention scores)); the chunk's logits, chunk * vocab (the decoder returns
-  logits for every input position); the rope tables, 2 * (ctx_size + max_k + 1) * head_dim / 2.
+  n_heads * ctx_size (attention scores)); the largest layer weight expanded to float32 for a
+  prefill chunk's GEMM (models/linear.py: compact weights are expanded per call; not in dense
+  float32, where nothing is copied); the rope tables, 2 * (ctx_size + max_k + 1) * head_dim / 2.
+  Prefill computes no logits.
 - the PyTorch runtime (CPU only): TORCH_RUNTIME_BYTES, the peak RSS of a fresh
   `python -c "import torch"` measured with torch 2.13 (CPU wheel): 223,600 KiB. On CUDA the
   context is already excluded from the free memory torch.cuda.mem_get_info reports.
@@ -208,14 +210,22 @@ def kv_cache_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int, 
 
 
 def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
-                  prefill_chunk: int) -> int:
-    """float32 buffers of one forward pass (see the module docstring)."""
+                  prefill_chunk: int, expanded: int = 0) -> int:
+    """float32 buffers of one forward pass (see the module docstring); expanded: elements of
+    the largest weight a prefill chunk expands to float32."""
     verify_logits = n_parallel * (max_k + 1) * args.vocab_size
     chunk = min(prefill_chunk, ctx_size)
     activations = chunk * max(3 * args.ffn_dim, args.n_heads * ctx_size)
-    chunk_logits = chunk * args.vocab_size
     rope = (ctx_size + max_k + 1) * args.head_dim  # cos and sin, head_dim/2 each
-    return 4 * (verify_logits + activations + chunk_logits + rope)
+    return 4 * (verify_logits + activations + expanded + rope)
+
+
+def largest_layer_weight(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    """Elements of the largest 2-D weight inside the layers (not the embedding or output)."""
+    sizes = [math.prod(shape) for name, (_, shape) in tensors.items()
+             if len(shape) == 2 and name not in ("token_embd.weight", "output.weight",
+                                                 "model.embed_tokens.weight", "lm_head.weight")]
+    return max(sizes, default=0)
 
 
 def available_memory(device: str = "cpu") -> tuple[int, str]:
@@ -251,7 +261,8 @@ def plan(models: list[ModelSpec], ctx_size: int, n_parallel: int = 1, max_k: int
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
             kv_cache_bytes(spec.args, ctx_size, n_parallel, max_k, el),
-            working_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk),
+            working_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk,
+                          0 if (eff_mode, el) == ("dense", 4) else largest_layer_weight(spec.tensors)),
         ))
     if available is None:
         available, source = available_memory(device)
