@@ -75,7 +75,7 @@ def assert_servers_stopped(out: Path) -> None:
 
 def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
     out = tmp_path / "out"
-    args = quick(models, tmp_path, PROMPTS, "--spec-draft-p-min", "0")
+    args = quick(models, tmp_path, PROMPTS, "--spec-type", "draft-simple", "--spec-draft-p-min", "0")
     assert bench.run(bench_args(*args)) == 0
     captured = capsys.readouterr()
 

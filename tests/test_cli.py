@@ -41,14 +41,22 @@ def test_json_has_llama_cpp_completion_fields(files, capsys):
     for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"):
         assert k in d["timings"]
     assert "draft_n" not in d["timings"]  # no speculation, no draft statistics
-    # with a draft model (and no --spec-type: draft-simple is implied), statistics appear
+    # with a draft model, statistics appear
     code, out2, err2 = gen(capsys, "-m", target, "-md", draft, "-p", "def add(a, b):", "-n", 12,
-                           "--temp", 0, "--ignore-eos", "--spec-draft-p-min", 0, "--json")
+                           "--temp", 0, "--ignore-eos", "--spec-type", "draft-simple",
+                           "--spec-draft-p-min", 0, "--json")
     d2 = json.loads(out2)
     assert d2["tokens"] == d["tokens"]  # greedy: the draft never changes the answer
     assert d2["timings"]["draft_n"] > 0 and "draft_n_accepted" in d2["timings"]
     assert d2["speculative"]["type"] == "draft-simple"
     assert d2["speculative"]["n_drafts"] > 0
+    # no --spec-type with a draft model means auto: n-gram, then the draft, k chosen per step
+    # (here the draft costs as much as the target, so it may rightly choose not to draft)
+    code, out3, _ = gen(capsys, "-m", target, "-md", draft, "-p", "def add(a, b):", "-n", 12,
+                        "--temp", 0, "--ignore-eos", "--json")
+    d3 = json.loads(out3)
+    assert d3["tokens"] == d["tokens"]
+    assert d3["speculative"]["type"] == "ngram-simple,draft-simple" and "draft_n" in d3["timings"]
 
 
 def test_streams_text_and_summarizes_on_stderr(files, capsys):

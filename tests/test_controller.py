@@ -57,6 +57,17 @@ def test_low_acceptance_turns_speculation_off_but_probes_again():
     assert picks.count(0) == 8 and all(k > 0 for k in (picks[4], picks[9]))
 
 
+def test_break_even_is_not_worth_speculating():
+    # n-gram draft (free), acceptance ~0.5: E[tokens | 1] ~ 1.5 for a 2-row pass
+    acc = trained(0.5)
+    e1 = acc.expected_tokens(1)
+    plain = 0.100
+    for gain, want in ((1.03, 0), (1.10, 1)):  # predicted speed-up of k = 1 over plain
+        # verify costs with every k > 1 far too slow: only k = 1 competes with plain
+        c = costs({1: plain, 2: e1 * plain / gain, 3: 10.0})
+        assert Controller(c, n_max=2, acceptance=acc).choose(0.0) == want, gain
+
+
 def test_acceptance_tracker_counts_positions_reached():
     t = AcceptanceTracker(prior_hits=0, prior_misses=0)
     t.update(4, 2)  # positions 0, 1 accepted, 2 rejected, 3 never reached

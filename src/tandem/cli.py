@@ -47,7 +47,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-type", default=None,
                    help="none, ngram-simple, draft-simple, auto (n-gram then draft, k chosen "
                         "per step from measured costs, 0 when speculation does not pay), or a "
-                        "comma-separated list tried in order (default: draft-simple with "
+                        "comma-separated list tried in order (default: auto with "
                         "--model-draft, else none)")
     g.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", type=int, default=d.n_max,
                    dest="spec_draft_n_max", help=f"most tokens drafted per step ({d.n_max})")
@@ -83,7 +83,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def spec_config(a: argparse.Namespace) -> SpecConfig:
     types = a.spec_type
     if types is None:
-        types = "draft-simple" if a.model_draft else "none"
+        types = "auto" if a.model_draft else "none"
     cfg = SpecConfig(
         types=SpecConfig.parse_types(types),
         n_max=a.spec_draft_n_max, n_min=a.spec_draft_n_min, p_min=a.spec_draft_p_min,

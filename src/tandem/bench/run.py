@@ -200,7 +200,7 @@ def variants(args: argparse.Namespace, draft: str | None) -> list[Variant]:
     if draft is None:
         raise TandemError(f"nothing to speculate with: --model {args.model} has no draft; add "
                           "--model-draft PATH or --spec-type ngram-simple")
-    return [Variant("candidate", "draft-simple")]
+    return [Variant("candidate", "auto")]  # what the server runs with a draft and no --spec-type
 
 
 def _validate(args: argparse.Namespace, variant: Variant, draft: str | None) -> None:

@@ -1,10 +1,10 @@
 """`tandem serve`: llama-server's flags, a socket that listens at once, models loaded behind it.
 
     tandem serve --model target.gguf --model-draft draft.gguf --ctx-size 8192 --parallel 1 \\
-        --host 127.0.0.1 --port 8080 --spec-type draft-simple --spec-draft-n-max 4
+        --host 127.0.0.1 --port 8080 --spec-type auto --spec-draft-n-max 4
 
 Without --model and --model-draft the default pair is served (target "default", draft
-"default-draft", draft-simple). GET /health answers 503 "Loading model" until the models are
+"default-draft", --spec-type auto unless another is given). GET /health answers 503 "Loading model" until the models are
 loaded and warmed up, then 200. The log (stderr) says what runs: the spec type, the draft and
 its compatibility verdict, the memory plan, and whether speculation is on.
 """
@@ -106,7 +106,8 @@ def _settings(a: argparse.Namespace):
 
     if a.model is None and a.model_draft is None:  # the default pair
         a.model = "default"
-        if a.spec_type is None or "draft-simple" in SpecConfig.parse_types(a.spec_type):
+        if a.spec_type is None or {"draft-simple", "auto"} & set(
+                SpecConfig.parse_types(a.spec_type)):
             a.model_draft = "default-draft"
     elif a.model is None:
         a.model = "default"

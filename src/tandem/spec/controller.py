@@ -94,13 +94,16 @@ class Controller:
     """Picks k in 0..n_max for one sequence; k = 0 turns speculation off for that step.
 
     Every `probe_every` steps spent at k = 0 it tries the best k > 0 once, so that a change in
-    the text (a stretch the draft predicts well) is noticed.
+    the text (a stretch the draft predicts well) is noticed. It speculates only when the best
+    k is predicted to beat plain decoding by `margin` (5%): costs are measured on a shared,
+    noisy machine, and near break-even a wrong guess can only lose.
     """
 
     costs: CostModel
     n_max: int
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     probe_every: int = 16
+    margin: float = 0.05
     _idle: int = 0
 
     def rate(self, k: int, draft_token: float) -> float | None:
@@ -118,7 +121,7 @@ class Controller:
             return self.n_max  # nothing measured yet: speculate, and measure
         rates = [(self.rate(k, d) or 0.0, k) for k in range(1, self.n_max + 1)]
         best_rate, best_k = max(rates, default=(0.0, 0))
-        if best_rate > plain:
+        if best_rate > plain * (1 + self.margin):
             self._idle = 0
             return best_k
         self._idle += 1
