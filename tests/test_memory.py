@@ -10,6 +10,7 @@ import torch
 from tandem.errors import TandemError
 from tandem.memory import (
     TORCH_RUNTIME_BYTES,
+    VOCAB_ENTRY_BYTES,
     ModelSpec,
     available_memory,
     kv_cache_bytes,
@@ -100,10 +101,11 @@ def test_kv_cache_matches_the_decoders_cache():
 
 def test_working_buffer_arithmetic():
     # logits 2 slots * 5 rows * 100; chunk 64 * max(3*160, 4 heads * 1000); rope 1005 * 16
-    expected = 4 * (2 * 5 * 100 + 64 * max(480, 4000) + 1005 * 16)
+    expected = 4 * (2 * 5 * 100 + 64 * max(480, 4000) + 1005 * 16) + VOCAB_ENTRY_BYTES * 100
     assert working_bytes(ARGS, 1000, 2, 4, 64) == expected
     # a short context: the FFN dominates and the chunk is capped at the context
-    assert working_bytes(ARGS, 16, 1, 0, 512) == 4 * (100 + 16 * 480 + 17 * 16)
+    assert working_bytes(ARGS, 16, 1, 0, 512) == (4 * (100 + 16 * 480 + 17 * 16)
+                                                   + VOCAB_ENTRY_BYTES * 100)
     # compact weights: the largest layer weight (ffn 160 x 64) is expanded for a prefill chunk
     assert largest_layer_weight(TENSORS) == 160 * 64
     p = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "native", prefill_chunk=64,

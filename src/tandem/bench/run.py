@@ -9,14 +9,15 @@ stopped before the next one starts, so two servers never share the CPU. The comp
 
     command.txt            the bench command line and every server and client command it ran
     baseline.json          the client's file for the target alone (--spec-type none)
-    candidate.json         ... for the speculative configuration (one run), or one file per
-                           configuration (--sweep: draft-n2.json, ..., ngram-draft.json)
+    candidate.json         ... for the speculative configuration (one run: --spec-type, else
+                           auto, the server's default with a draft), or one file per
+                           configuration (--sweep: draft-n2.json, ..., auto.json)
     report.md, report.json the comparison (one run) or the ranking (--sweep)
     speedup.png            speed-up per task (one run)
     *.server.log           each server's log
 
---sweep measures draft-simple with n-max 2, 4 and 8, ngram-simple, and ngram-simple then
-draft-simple against one baseline, and ranks them by the median wall-time speed-up of a whole
+--sweep measures draft-simple with n-max 2, 4 and 8, ngram-simple, ngram-simple then
+draft-simple, and auto against one baseline, and ranks them by the median wall-time speed-up of a whole
 pass. A configuration whose output differs from the baseline's (the equal-work check) is listed
 with the reasons and never ranked: its "speed-up" would compare different work.
 
