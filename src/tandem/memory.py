@@ -53,7 +53,6 @@ INT4_TYPES = frozenset({"Q4_K", "Q4_0", "Q4_1"})
 INT4_GROUP = 32
 TORCH_RUNTIME_BYTES = 223_600 * 1024
 MODES = ("auto", "native", "int4", "dense")
-NATIVE_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 DTYPES = ("auto", "bfloat16", "float32")
 MiB = 1 << 20
 VOCAB_ENTRY_BYTES = 690  # tokenizer + parsed metadata per vocabulary entry (see above)
@@ -161,9 +160,9 @@ def held_as(spec: ModelSpec, mode: str, dtype: str) -> tuple[str, int]:
     float32 compute (except native), or a Hugging Face directory, means dense.
     """
     if mode == "auto":
-        from . import kernels
+        from .models.loader import resolve_mode
 
-        mode = "native" if kernels.available() else "int4"
+        mode = resolve_mode(mode)
     if mode == "native" and spec.source != "hf":
         return mode, 2 if dtype == "bfloat16" else 4
     if dtype == "auto":
@@ -177,11 +176,13 @@ def held_as(spec: ModelSpec, mode: str, dtype: str) -> tuple[str, int]:
 
 def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el: int) -> int:
     """Bytes the weights take once loaded (mode: effective mode; el: dense bytes per element)."""
+    from .kernels import TYPES as native_types  # the types the native kernels read
+
     total = 0
     tied = "output.weight" not in tensors
     for name, (type_name, shape) in tensors.items():
         n = math.prod(shape)
-        if mode == "native" and len(shape) == 2 and type_name in NATIVE_TYPES:
+        if mode == "native" and len(shape) == 2 and type_name in native_types:
             if name != "token_embd.weight" or tied:
                 total += _file_bytes(type_name, n)
             continue

@@ -41,6 +41,34 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
 #define MR 8  /* activation rows per pass over a weight row */
 #define MB 64 /* activation rows per block of the loop over weight rows */
 
+int64_t tq_block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    }
+    return 0;
+}
+
+static int64_t block_weights(int type) { return type >= T_Q4_K ? 256 : 32; }
+
+/* acc[m] + offv[m], summed across lanes, + off[m]: the end of every row's dot product */
+static inline void finish_rows(const __m256 *acc, const __m256 *offv, const float *off, int mr,
+                               float *out) {
+    for (int m = 0; m < mr; m++) {
+        const __m256 t = _mm256_add_ps(acc[m], offv[m]);
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        out[m] = _mm_cvtss_f32(s4) + off[m];
+    }
+}
+
 static inline float f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -49,19 +77,25 @@ static inline float f16(const uint8_t *p) {
 
 /* ---- activations: int16 per block of `qb` (32, or 256 for the K-quants) ---------------- */
 
+/* max |x[i]| over n values (n a multiple of 8) */
+static inline float block_amax(const float *x, int64_t n) {
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        a = _mm256_max_ps(a, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + i)));
+    float am[8], amax = 0.f;
+    _mm256_storeu_ps(am, a);
+    for (int i = 0; i < 8; i++)
+        amax = am[i] > amax ? am[i] : amax;
+    return amax;
+}
+
 #define XQ_MAX 16383.f /* 15 bits: the K-quant integer sums below stay inside int32 */
 
 /* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums */
 static void quantize_row(const float *x, int64_t K, int qb, int16_t *q, float *s, float *sum) {
-    const __m256 signbit = _mm256_set1_ps(-0.0f);
     for (int64_t b0 = 0; b0 < K; b0 += qb) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t i = b0; i < b0 + qb; i += 8)
-            a = _mm256_max_ps(a, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + i)));
-        float am[8], amax = 0.f;
-        _mm256_storeu_ps(am, a);
-        for (int i = 0; i < 8; i++)
-            amax = am[i] > amax ? am[i] : amax;
+        const float amax = block_amax(x + b0, qb);
         const __m256 inv = _mm256_set1_ps(amax > 0.f ? XQ_MAX / amax : 0.f);
         for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
             const float *xg = x + 32 * g;
@@ -147,26 +181,26 @@ static inline __m256i bit16(uint32_t bits) {
                             _mm256_set1_epi16(16));
 }
 
-static inline void k_scale_min(const uint8_t *q, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* The eight 6-bit scales and mins of a Q4_K/Q5_K block, unpacked four bytes at a time:
- * sc16 = the scales as int16, the same eight in both 128-bit lanes; mnf = the mins as floats. */
-static inline void k4_scales(const uint8_t *q, __m256i *sc16, __m256 *mnf) {
-    uint32_t u[3];
+/* The eight 6-bit scales and mins of a Q4_K/Q5_K block (12 bytes at q), unpacked four at a
+ * time: sm[0..7] = the scales, sm[8..15] = the mins. For j < 4: sc = q[j] & 63, mn = q[j+4] & 63;
+ * for j >= 4: sc = (q[j+4] & 15) | (q[j-4] >> 6) << 4, mn = (q[j+4] >> 4) | (q[j] >> 6) << 4. */
+static inline void k4_unpack(const uint8_t *q, uint8_t sm[16]) {
+    uint32_t u[3], out[4];
     memcpy(u, q, 12);
     const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    const uint32_t sc_lo = u[0] & m6, mn_lo = u[1] & m6;  /* j < 4 */
-    const uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);  /* j >= 4 */
-    const uint32_t mn_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
-    const __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
+    out[0] = u[0] & m6;                                       /* scales, j < 4 */
+    out[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);         /* scales, j >= 4 */
+    out[2] = u[1] & m6;                                       /* mins, j < 4 */
+    out[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);  /* mins, j >= 4 */
+    memcpy(sm, out, 16);
+}
+
+/* The same as vectors: sc16 = the scales as int16, the same eight in both 128-bit lanes;
+ * mnf = the mins as floats. */
+static inline void k4_scales(const uint8_t *q, __m256i *sc16, __m256 *mnf) {
+    uint8_t sm[16];
+    k4_unpack(q, sm);
+    const __m128i b = _mm_loadu_si128((const __m128i *)sm);
     *sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
     *mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
 }
@@ -182,7 +216,7 @@ static inline __m256i word_bcast2(__m256i v, int j, int j2) {
 }
 
 /* One weight row (its blocks at w) against up to MR activation rows: out[m] = dot.
- * Always inlined into row_dot_1..4 so that mr is a constant and acc[] stays in registers. */
+ * Always inlined into row_dot_1..8 (ROW_DOT_TABLE) so that mr is a constant. */
 static inline __attribute__((always_inline)) void row_dot(int type, const uint8_t *w, const acts_t *A, int mr, float *out) {
     __m256 acc[MR], offv[MR];
     __m256i isum[MR];
@@ -326,37 +360,28 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         break;
     }
     }
-    for (int m = 0; m < mr; m++) {
-        const __m256 t = _mm256_add_ps(acc[m], offv[m]);
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-        out[m] = _mm_cvtss_f32(s4) + off[m];
-    }
+    finish_rows(acc, offv, off, mr, out);
 }
 
-#define ROW_DOT(R)                                                                       \
-    static void row_dot_##R(int type, const uint8_t *w, const acts_t *A, float *out) {   \
-        row_dot(type, w, A, R, out);                                                      \
-    }
-ROW_DOT(1)
-ROW_DOT(2)
-ROW_DOT(3)
-ROW_DOT(4)
-ROW_DOT(5)
-ROW_DOT(6)
-ROW_DOT(7)
-ROW_DOT(8)
-typedef void (*row_dot_fn)(int, const uint8_t *, const acts_t *, float *);
-static const row_dot_fn ROW_DOTS[MR + 1] = {0,         row_dot_1, row_dot_2, row_dot_3, row_dot_4,
-                                          row_dot_5, row_dot_6, row_dot_7, row_dot_8};
+/* fn_1 .. fn_8: fn with mr a constant (acc[] then stays in registers), and TABLE[mr] */
+#define ROW_DOT_TABLE(fn, acts, TABLE)                                                       \
+    static void fn##_1(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 1, o); } \
+    static void fn##_2(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 2, o); } \
+    static void fn##_3(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 3, o); } \
+    static void fn##_4(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 4, o); } \
+    static void fn##_5(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 5, o); } \
+    static void fn##_6(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 6, o); } \
+    static void fn##_7(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 7, o); } \
+    static void fn##_8(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 8, o); } \
+    static void (*const TABLE[MR + 1])(int, const uint8_t *, const acts *, float *) = {      \
+        0, fn##_1, fn##_2, fn##_3, fn##_4, fn##_5, fn##_6, fn##_7, fn##_8}
 
-static int64_t tq_block_bytes_(int type);
+ROW_DOT_TABLE(row_dot, acts_t, ROW_DOTS);
 
 /* ---- int8 activations (llama.cpp's scheme: Q8_K for the K-quants, Q8_0 otherwise) ------------
  * x~ = d * q8, d = max|x| / 127 per block of 256 (K-quants) or 32; u8 x s8 products on
- * _mm256_maddubs_epi16 (32 per instruction): half the multiply work of the int16 path, at
- * llama.cpp's precision (|x - x~| <= d / 2). Opt-in (TANDEM_ACTIVATIONS=int8 / --activations). */
+ * _mm256_maddubs_epi16 (32 per instruction, no int16 widening of the weights), at llama.cpp's
+ * precision (|x - x~| <= d / 2). Opt-in: --activations int8 (the draft's default). */
 
 typedef struct {
     const int8_t *q;       /* row m: q + m * K */
@@ -367,16 +392,9 @@ typedef struct {
 
 static void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
                           int16_t *bs) {
-    const __m256 signbit = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t b0 = 0; b0 < K; b0 += qb) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t i = b0; i < b0 + qb; i += 8)
-            a = _mm256_max_ps(a, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + i)));
-        float am[8], amax = 0.f;
-        _mm256_storeu_ps(am, a);
-        for (int i = 0; i < 8; i++)
-            amax = am[i] > amax ? am[i] : amax;
+        const float amax = block_amax(x + b0, qb);
         const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
         for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
             const float *xg = x + 32 * g;
@@ -452,7 +470,7 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
     case T_Q5_0:
     case T_Q5_1: {
         const int hasm = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
-        const int64_t bs = tq_block_bytes_(type);
+        const int64_t bs = tq_block_bytes(type);
         for (int64_t g = 0; g < G; g++, w += bs) {
             const float d = f16(w);
             const float woff = hasm ? f16(w + 2) : (five ? -16.f * d : -8.f * d);
@@ -558,48 +576,11 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
         break;
     }
     }
-    for (int m = 0; m < mr; m++) {
-        const __m256 t = _mm256_add_ps(acc[m], offv[m]);
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-        out[m] = _mm_cvtss_f32(s4) + off[m];
-    }
+    finish_rows(acc, offv, off, mr, out);
 }
 
-#define ROW_DOT8(R)                                                                      \
-    static void row_dot8_##R(int type, const uint8_t *w, const acts8_t *A, float *out) { \
-        row_dot8(type, w, A, R, out);                                                     \
-    }
-ROW_DOT8(1)
-ROW_DOT8(2)
-ROW_DOT8(3)
-ROW_DOT8(4)
-ROW_DOT8(5)
-ROW_DOT8(6)
-ROW_DOT8(7)
-ROW_DOT8(8)
-typedef void (*row_dot8_fn)(int, const uint8_t *, const acts8_t *, float *);
-static const row_dot8_fn ROW_DOTS8[MR + 1] = {0,          row_dot8_1, row_dot8_2, row_dot8_3, row_dot8_4,
-                                              row_dot8_5, row_dot8_6, row_dot8_7, row_dot8_8};
+ROW_DOT_TABLE(row_dot8, acts8_t, ROW_DOTS8);
 
-int64_t tq_block_bytes(int type) {
-    switch (type) {
-    case T_Q4_0: return 18;
-    case T_Q4_1: return 20;
-    case T_Q5_0: return 22;
-    case T_Q5_1: return 24;
-    case T_Q8_0: return 34;
-    case T_Q4_K: return 144;
-    case T_Q5_K: return 176;
-    case T_Q6_K: return 210;
-    }
-    return 0;
-}
-
-static int64_t tq_block_bytes_(int type) { return tq_block_bytes(type); }
-
-static int64_t block_weights(int type) { return type >= T_Q4_K ? 256 : 32; }
 
 /* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the
  * activations are quantized. Returns 0, or -1 for an unsupported type, K or bits, -2 when out
@@ -695,12 +676,12 @@ static void dequant_row(int type, const uint8_t *w, int64_t K, float *y) {
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
         for (int64_t sb = 0; sb < K / 256; sb++, w += bs) {
             const float d = f16(w), dmin = f16(w + 2);
-            const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
+            const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
+            uint8_t sm[16];
+            k4_unpack(w + 4, sm);
             for (int c = 0; c < 4; c++, y += 64) {
-                int sc0, mn0, sc1, mn1;
-                k_scale_min(scales, 2 * c, &sc0, &mn0);
-                k_scale_min(scales, 2 * c + 1, &sc1, &mn1);
-                const float d0 = d * sc0, m0 = dmin * mn0, d1 = d * sc1, m1 = dmin * mn1;
+                const float d0 = d * sm[2 * c], m0 = dmin * sm[8 + 2 * c];
+                const float d1 = d * sm[2 * c + 1], m1 = dmin * sm[8 + 2 * c + 1];
                 for (int l = 0; l < 32; l++) {
                     const int h0 = five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0;
                     const int h1 = five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;

@@ -286,9 +286,6 @@ class GGUFEmbedding:
         out = kernels.dequantize(self.raw.type_name, rows, len(flat), self.shape[1])
         return out.view(*ids.shape, self.shape[1])
 
-    def float(self) -> "GGUFEmbedding":  # already float32
-        return self
-
 
 def native_ok(raw: RawTensor) -> bool:
     """The native kernel reads this 2-D tensor's blocks in place."""

@@ -24,19 +24,22 @@ class DraftModelProposer:
     """
 
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
-                 gen: torch.Generator | None, n_max: int, n_min: int, p_min: float) -> None:
+                 gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
+                 prefill_chunk: int = 512) -> None:
         self.model, self.cache, self.slot = model, cache, slot
+        self.prefill_chunk = prefill_chunk  # the target's prompt chunk (EngineConfig)
         self.sampling, self.gen = sampling, gen
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.tokens: list[int] = []
 
-    def begin(self, prompt_ids: list[int], chunk: int = 512) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         """Take the prompt and process it now, during prompt time, as the target does: all but
         the last token (which the first propose feeds), in chunks, without logits."""
         self.tokens = list(prompt_ids)
         # a prefix the slot already holds from an earlier request is reused
         held = self.cache.common_prefix(self.slot, prompt_ids[:-1])
         self.cache.truncate(self.slot, held)
+        chunk = self.prefill_chunk
         for s in range(held, len(prompt_ids) - 1, chunk):
             part = prompt_ids[s: min(s + chunk, len(prompt_ids) - 1)]
             self.model(torch.tensor([part]), self.cache, [self.slot], [s], logits="none")
