@@ -1,0 +1,57 @@
+/* Single-thread timing of tq_matmul (src/tandem/kernels/qmatmul.c) on random blocks.
+ *
+ *   gcc -O3 -mavx2 -mfma -mf16c -fopenmp -o /tmp/kernel_bench bench/kernel_bench.c \
+ *       src/tandem/kernels/qmatmul.c
+ *   /tmp/kernel_bench TYPE ROWS BITS [N K]     e.g. /tmp/kernel_bench 12 1 16 8960 1536
+ *
+ * TYPE is the ggml type id (8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K); ROWS activation rows; BITS 16 or
+ * 8. Prints the best of 200 calls. Blocks are random bytes with every f16 scale set to 1.0
+ * (random f16 bits could be NaN or subnormal). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+              float *y, const float *bias, int nthreads, int bits);
+int64_t tq_block_bytes(int type);
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s TYPE ROWS BITS [N K]\n", argv[0]);
+        return 2;
+    }
+    const int type = atoi(argv[1]), M = atoi(argv[2]), bits = atoi(argv[3]);
+    const int64_t N = argc > 4 ? atoll(argv[4]) : 8960, K = argc > 5 ? atoll(argv[5]) : 1536;
+    const int64_t row_bytes = K / (type >= 12 ? 256 : 32) * tq_block_bytes(type);
+    uint8_t *W = malloc(N * row_bytes);
+    float *x = malloc(sizeof(float) * M * K), *y = malloc(sizeof(float) * M * N);
+    for (int64_t i = 0; i < N * row_bytes; i++)
+        W[i] = (uint8_t)rand();
+    /* byte offsets of the f16 fields in each block (d, and dmin/m where the type has one) */
+    const int64_t bb = tq_block_bytes(type);
+    const int f16_at[2] = {type == 14 ? 208 : 0, (type == 3 || type == 7 || type >= 12) ? 2 : -1};
+    for (int64_t blk = 0; blk < N * row_bytes / bb; blk++)
+        for (int j = 0; j < 2; j++)
+            if (f16_at[j] >= 0 && !(type == 14 && j == 1)) {
+                W[blk * bb + f16_at[j]] = 0x00;
+                W[blk * bb + f16_at[j] + 1] = 0x3c;
+            }
+    for (int64_t i = 0; i < M * K; i++)
+        x[i] = rand() / (float)RAND_MAX - 0.5f;
+    double best = 1e9;
+    for (int r = 0; r < 200; r++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (tq_matmul(type, W, N, K, x, M, y, 0, 1, bits) != 0) {
+            fprintf(stderr, "tq_matmul refused type %d, K %lld\n", type, (long long)K);
+            return 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        const double t = (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+        best = t < best ? t : best;
+    }
+    printf("type %d, %d row(s), int%d, %lldx%lld: %.3f ms, %.1f GB/s of weights\n", type, M, bits,
+           (long long)N, (long long)K, best * 1e3, N * row_bytes / best / 1e9);
+    return 0;
+}
