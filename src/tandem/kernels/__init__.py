@@ -1,6 +1,7 @@
-"""Native kernels: matrix products on GGUF blocks in place (qmatmul.c), built on first use.
+"""Native kernels: matrix products on GGUF blocks in place (qmatmul.c) and whole decoder layers
+(forward.c), built on first use.
 
-The C file is compiled once per machine with the system's C compiler (gcc or cc, `-O3 -mavx2
+The C files are compiled together once per machine with the system's C compiler (gcc or cc, `-O3 -mavx2
 -mfma -mf16c -fopenmp`) into $TANDEM_HOME/kernels/ under a name that hashes the source, the
 flags and the compiler's version, then loaded with ctypes. It links libgomp.so.1, the OpenMP
 runtime that PyTorch's CPU wheel already loaded, so both share one thread pool.
@@ -26,7 +27,9 @@ import torch
 
 from ..errors import TandemError
 
-SOURCE = Path(__file__).with_name("qmatmul.c")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "qmatmul.c", HERE / "forward.c"]  # compiled together into one library
+HEADERS = [HERE / "tq.h"]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # ggml type ids handled by qmatmul.c
@@ -68,13 +71,15 @@ def _build() -> ctypes.CDLL:
     if cc is None:
         raise OSError("no C compiler (gcc or cc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + version.encode())
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS)
+                         + " ".join(CFLAGS).encode() + version.encode())
     out = _cache_dir() / f"qmatmul-{key.hexdigest()[:16]}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        r = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
+                           capture_output=True, text=True)
         if r.returncode != 0:
             os.unlink(tmp)
             raise OSError(f"{cc} failed: {r.stderr.strip()[:500]}")
@@ -88,6 +93,8 @@ def _build() -> ctypes.CDLL:
     lib.tq_dequantize.restype = ctypes.c_int
     lib.tq_block_bytes.argtypes = [ctypes.c_int]
     lib.tq_block_bytes.restype = i64
+    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.tq_forward.restype = ctypes.c_int
     return lib
 
 
@@ -158,3 +165,97 @@ def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int) -> torch.Tens
     if rc != 0:
         raise TandemError(f"tq_dequantize({type_name}, N={n}, K={k}) failed with {rc}")
     return out
+
+
+# ---- whole decoder layers (forward.c) -------------------------------------------------------
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
+        (name, _Linear) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_len",
+        "rope_interleaved", "bits")] + [
+        ("eps", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+        ("layers", ctypes.c_void_p)]
+
+
+LAYER_LINEARS = {"wq": "wq", "wk": "wk", "wv": "wv", "wo": "wo", "gate": "w_gate", "up": "w_up",
+                 "down": "w_down"}
+
+
+class NativeLayers:
+    """Every decoder layer of a model in one C call (forward.c), for a few rows at a time.
+
+    Built from the layers' GGUF blocks (read in place), float32 norms and rope tables; the
+    object keeps every array it points into alive. `from_model` returns None when the model
+    cannot take this path (a linear that is not GGUF blocks, mixed activation rounding, a
+    shape forward.c does not handle, or no native kernels here).
+    """
+
+    def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, bits: int):
+        self._keep: list[object] = [cos, sin]
+        self._layers = (_Layer * len(layers))()
+        for i, blk in enumerate(layers):
+            lay = self._layers[i]
+            for norm in ("attn_norm", "ffn_norm"):
+                t = getattr(blk, norm).float().contiguous()
+                self._keep.append(t)
+                setattr(lay, norm, t.data_ptr())
+            for field, attr in LAYER_LINEARS.items():
+                lin = getattr(blk, attr)
+                self._keep.append(lin)
+                setattr(lay, field, _Linear(
+                    TYPES[lin.type_name], lin.out_features, lin.in_features,
+                    lin.blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr()))
+        self._model = _Model(
+            n_layers=len(layers), dim=args.dim, n_heads=args.n_heads,
+            n_kv_heads=args.n_kv_heads, head_dim=args.head_dim, ffn_dim=args.ffn_dim,
+            rope_len=cos.shape[0], rope_interleaved=int(args.rope_interleaved), bits=bits,
+            eps=args.norm_eps, cos=cos.data_ptr(), sin=sin.data_ptr(),
+            layers=ctypes.addressof(self._layers))
+
+    @classmethod
+    def from_model(cls, args, layers: list, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> "NativeLayers | None":
+        if not available() or not layers:
+            return None
+        if args.dim % 32 or args.head_dim % 8 or args.n_heads % args.n_kv_heads:
+            return None
+        if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
+            return None
+        bits = set()
+        for blk in layers:
+            for attr in LAYER_LINEARS.values():
+                lin = getattr(blk, attr)
+                if getattr(lin, "type_name", None) not in TYPES or not hasattr(lin, "blocks"):
+                    return None
+                bits.add(lin.bits)
+        if len(bits) != 1:
+            return None
+        return cls(args, layers, cos, sin, bits.pop())
+
+    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                slots: list[int], positions: list[int]) -> torch.Tensor:
+        """x (M, dim) float32, row m the token at positions[m] of cache slot slots[m]; returns
+        the hidden states after the last layer (M, dim). Writes each row's keys and values."""
+        lib = _lib_or_raise()
+        x = x.float().contiguous().clone()
+        m = x.shape[0]
+        slot_a = (ctypes.c_int64 * m)(*slots)
+        pos_a = (ctypes.c_int64 * m)(*positions)
+        n_slots, max_len = k_cache.shape[1], k_cache.shape[3]
+        rc = lib.tq_forward(ctypes.byref(self._model), k_cache.data_ptr(), v_cache.data_ptr(),
+                            n_slots, max_len, x.data_ptr(), m, slot_a, pos_a,
+                            torch.get_num_threads())
+        if rc != 0:
+            raise TandemError(f"tq_forward failed with {rc} (rows {m}, positions "
+                              f"{min(positions)}..{max(positions)}, cache length {max_len})")
+        return x

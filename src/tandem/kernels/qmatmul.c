@@ -31,6 +31,8 @@
  *        q = (4 bits of ql) | (2 bits of qh) << 4, w = d scales[16-weight group] (q - 32)
  */
 #include <immintrin.h>
+#include <omp.h>
+#include "tq.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +40,15 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };  /* ggml type ids */
 
+#ifndef MR
 #define MR 8  /* activation rows per pass over a weight row */
+#endif
+#ifndef MB
 #define MB 64 /* activation rows per block of the loop over weight rows */
+#endif
+#ifndef TILE
+#define TILE 32768 /* bytes of weight rows per tile */
+#endif
 
 int64_t tq_block_bytes(int type) {
     switch (type) {
@@ -363,18 +372,40 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
     finish_rows(acc, offv, off, mr, out);
 }
 
-/* fn_1 .. fn_8: fn with mr a constant (acc[] then stays in registers), and TABLE[mr] */
-#define ROW_DOT_TABLE(fn, acts, TABLE)                                                       \
-    static void fn##_1(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 1, o); } \
-    static void fn##_2(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 2, o); } \
-    static void fn##_3(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 3, o); } \
-    static void fn##_4(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 4, o); } \
-    static void fn##_5(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 5, o); } \
-    static void fn##_6(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 6, o); } \
-    static void fn##_7(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 7, o); } \
-    static void fn##_8(int t, const uint8_t *w, const acts *A, float *o) { fn(t, w, A, 8, o); } \
-    static void (*const TABLE[MR + 1])(int, const uint8_t *, const acts *, float *) = {      \
-        0, fn##_1, fn##_2, fn##_3, fn##_4, fn##_5, fn##_6, fn##_7, fn##_8}
+/* Weight rows [n0, n1) against mr activation rows: y[m * N + n] = dot + bias[n]. The type and
+ * mr are compile-time constants inside each loop (row_dot is always inlined), so the switch and
+ * the per-type constants sit outside the row loop: a K = 1536 row is only 6 super-blocks, and
+ * per-row set-up cost as much as the products (measured with bench/kernel_bench.c). */
+#define ROW_LOOP(fn, T, mr)                                                                   \
+    for (int64_t n = n0; n < n1; n++) {                                                      \
+        float out[MR];                                                                        \
+        fn(T, W + n * rb, A, mr, out);                                                        \
+        const float b = bias ? bias[n] : 0.f;                                                 \
+        for (int m = 0; m < mr; m++)                                                          \
+            y[m * N + n] = out[m] + b;                                                        \
+    }
+#define ROWS_FN(fn, acts, mr)                                                                 \
+    static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
+                               const acts *A, float *y, int64_t N, const float *bias) {      \
+        switch (t) {                                                                          \
+        case T_Q4_0: ROW_LOOP(fn, T_Q4_0, mr) break;                                          \
+        case T_Q4_1: ROW_LOOP(fn, T_Q4_1, mr) break;                                          \
+        case T_Q5_0: ROW_LOOP(fn, T_Q5_0, mr) break;                                          \
+        case T_Q5_1: ROW_LOOP(fn, T_Q5_1, mr) break;                                          \
+        case T_Q8_0: ROW_LOOP(fn, T_Q8_0, mr) break;                                          \
+        case T_Q4_K: ROW_LOOP(fn, T_Q4_K, mr) break;                                          \
+        case T_Q5_K: ROW_LOOP(fn, T_Q5_K, mr) break;                                          \
+        case T_Q6_K: ROW_LOOP(fn, T_Q6_K, mr) break;                                          \
+        }                                                                                     \
+    }
+/* fn_rows_1 .. fn_rows_8 and TABLE[mr] */
+#define ROW_DOT_TABLE(fn, acts, TABLE)                                                        \
+    ROWS_FN(fn, acts, 1) ROWS_FN(fn, acts, 2) ROWS_FN(fn, acts, 3) ROWS_FN(fn, acts, 4)       \
+    ROWS_FN(fn, acts, 5) ROWS_FN(fn, acts, 6) ROWS_FN(fn, acts, 7) ROWS_FN(fn, acts, 8)       \
+    static void (*const TABLE[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,       \
+                                       const acts *, float *, int64_t, const float *) = {     \
+        0, fn##_rows_1, fn##_rows_2, fn##_rows_3, fn##_rows_4,                                \
+        fn##_rows_5, fn##_rows_6, fn##_rows_7, fn##_rows_8}
 
 ROW_DOT_TABLE(row_dot, acts_t, ROW_DOTS);
 
@@ -582,61 +613,85 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
 ROW_DOT_TABLE(row_dot8, acts8_t, ROW_DOTS8);
 
 
+int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K) {
+    s->xq = aligned_alloc(64, ((M * K * 2 + 63) / 64) * 64); /* int16 or int8 */
+    s->xs = malloc(sizeof(float) * M * (K / 32));
+    s->xsum = malloc(sizeof(float) * M * (K / 32));
+    s->bs = malloc(sizeof(int16_t) * M * (K / 16));
+    if (!s->xq || !s->xs || !s->xsum || !s->bs) {
+        tq_scratch_free(s);
+        return -2;
+    }
+    return 0;
+}
+
+void tq_scratch_free(tq_scratch *s) {
+    free(s->xq); free(s->xs); free(s->xsum); free(s->bs);
+    s->xq = NULL; s->xs = s->xsum = NULL; s->bs = NULL;
+}
+
+int tq_matmul_check(int type, int64_t K, int bits) {
+    return tq_block_bytes(type) != 0 && K % block_weights(type) == 0 && (bits == 8 || bits == 16);
+}
+
+/* Called by every thread of an OpenMP team (inside a parallel region); returns after a barrier,
+ * with y complete. s: scratch for M rows of K (tq_scratch_alloc). The caller has checked the
+ * arguments with tq_matmul_check. */
+void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+                    float *y, const float *bias, int bits, const tq_scratch *s) {
+    const int64_t row_bytes = K / block_weights(type) * tq_block_bytes(type), G = K / 32;
+    const int qb = (int)block_weights(type); /* activation scale per weight block */
+    void *xq = s->xq;
+    float *xs = s->xs, *xsum = s->xsum;
+    int16_t *bs = s->bs;
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        if (bits == 16)
+            quantize_row(x + m * K, K, qb, (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
+        else
+            quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
+                          bs + m * (K / 16));
+    }
+    /* implicit barrier. Rows of x in blocks of MB (a prefill chunk has hundreds): each block's
+     * activations stay in cache while every weight row passes over them. */
+    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    /* this thread's share of the weight rows, in tiles of <= 32 KiB that stay in cache while
+     * every MR-row pass of the block goes over them */
+    const int64_t n0 = N * it / nt, n1 = N * (it + 1) / nt;
+    const int64_t tile = row_bytes >= TILE ? 1 : TILE / row_bytes;
+    for (int64_t mb = 0; mb < M; mb += MB) {
+        const int64_t me = M < mb + MB ? M : mb + MB;
+        for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+            const int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;
+            for (int64_t m0 = mb; m0 < me; m0 += MR) {
+                const int mr = me - m0 < MR ? (int)(me - m0) : MR;
+                if (bits == 16) {
+                    acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
+                    ROW_DOTS[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                } else {
+                    acts8_t A = {(int8_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G,
+                                 bs + m0 * (K / 16), K, G};
+                    ROW_DOTS8[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                }
+            }
+        }
+    }
+#pragma omp barrier
+}
+
 /* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the
  * activations are quantized. Returns 0, or -1 for an unsupported type, K or bits, -2 when out
  * of memory. */
 int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
               float *y, const float *bias, int nthreads, int bits) {
-    const int64_t bb = tq_block_bytes(type);
-    if (bb == 0 || K % block_weights(type) != 0 || M <= 0 || (bits != 8 && bits != 16))
+    if (!tq_matmul_check(type, K, bits) || M <= 0)
         return -1;
-    const int64_t row_bytes = K / block_weights(type) * bb, G = K / 32;
-    const int qb = (int)block_weights(type); /* activation scale per weight block */
-    void *xq = aligned_alloc(64, ((M * K * (bits / 8) + 63) / 64) * 64);
-    float *xs = malloc(sizeof(float) * M * G), *xsum = malloc(sizeof(float) * M * G);
-    int16_t *bs = malloc(sizeof(int16_t) * M * (K / 16));
-    if (!xq || !xs || !xsum || !bs) {
-        free(xq); free(xs); free(xsum); free(bs);
+    tq_scratch s;
+    if (tq_scratch_alloc(&s, M, K) != 0)
         return -2;
-    }
-    if (nthreads < 1)
-        nthreads = 1;
-#pragma omp parallel num_threads(nthreads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            if (bits == 16)
-                quantize_row(x + m * K, K, qb, (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
-            else
-                quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
-                              bs + m * (K / 16));
-        }
-        /* implicit barrier. Rows of x in blocks of MB (a prefill chunk has hundreds): each
-         * block's activations stay in cache while every weight row passes over them. */
-        for (int64_t mb = 0; mb < M; mb += MB) {
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *wr = W + n * row_bytes;
-            for (int64_t m0 = mb; m0 < M && m0 < mb + MB; m0 += MR) {
-                const int mr = (M < mb + MB ? M : mb + MB) - m0 < MR
-                                   ? (int)((M < mb + MB ? M : mb + MB) - m0) : MR;
-                float out[MR];
-                if (bits == 16) {
-                    acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
-                    ROW_DOTS[mr](type, wr, &A, out);
-                } else {
-                    acts8_t A = {(int8_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G,
-                                 bs + m0 * (K / 16), K, G};
-                    ROW_DOTS8[mr](type, wr, &A, out);
-                }
-                const float b = bias ? bias[n] : 0.f;
-                for (int m = 0; m < mr; m++)
-                    y[(m0 + m) * N + n] = out[m] + b;
-            }
-        }
-        }
-    }
-    free(xq); free(xs); free(xsum); free(bs);
+#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
+    tq_matmul_team(type, W, N, K, x, M, y, bias, bits, &s);
+    tq_scratch_free(&s);
     return 0;
 }
 

@@ -6,6 +6,8 @@ position, and returns logits for every input position: verification needs all k+
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -184,6 +186,7 @@ class Transformer(nn.Module):
         self.norm = norm
         self.output = output
         self.cos, self.sin = rope_tables(args, max_len)
+        self._native = False  # not built yet (see native_layers)
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, slots: list[int],
@@ -195,16 +198,41 @@ class Transformer(nn.Module):
         largest matmul of a prefill chunk). The caller records what the cache now holds.
         """
         B, T = tokens.shape
-        # decode and verification rows must not depend on the batch around them: rowwise
-        ctx = StepContext(self, slots, starts, T, rowwise=logits == "all")
         x = self.tok_embeddings[tokens].float()  # (B, T, dim)
+        native = self.native_layers(cache)
         wide = logits == "none" and B * T >= WIDE_MIN_ROWS  # see linear.py
-        with wide_gemm(wide), row_invariant(ctx.rowwise):
-            for i, layer in enumerate(self.layers):
-                x = layer(x, i, cache, ctx)
+        if native is not None:  # every layer in one C call (kernels/forward.c)
+            rows = [s for s in slots for _ in range(T)]
+            pos = [st + t for st in starts for t in range(T)]
+            x = native.forward(x.view(B * T, -1), cache.k, cache.v, rows, pos).view(B, T, -1)
             if logits == "none":
                 return None
+        else:
+            # decode and verification rows must not depend on the batch around them: rowwise
+            ctx = StepContext(self, slots, starts, T, rowwise=logits == "all")
+            with wide_gemm(wide), row_invariant(ctx.rowwise):
+                for i, layer in enumerate(self.layers):
+                    x = layer(x, i, cache, ctx)
+            if logits == "none":
+                return None
+        with row_invariant(logits == "all" and B * T > 1):
             if logits == "last":
                 x = x[:, -1]
             x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
             return self.output(x).float()
+
+    def native_layers(self, cache: KVCache):
+        """The C path for all layers (kernels.NativeLayers) if this model and cache can take it,
+        else None. TANDEM_NATIVE_LAYERS=0 keeps the per-layer PyTorch path (for comparisons)."""
+        if self._native is False:
+            from .. import kernels
+
+            self._native = None
+            if os.environ.get("TANDEM_NATIVE_LAYERS", "1") != "0":
+                self._native = kernels.NativeLayers.from_model(
+                    self.args, list(self.layers), self.cos, self.sin)
+        if self._native is None or cache.k.dtype != torch.float32 or cache.v.dtype != torch.float32:
+            return None
+        if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+            return None
+        return self._native

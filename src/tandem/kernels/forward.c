@@ -1,0 +1,249 @@
+/* The decoder layers of the llama/qwen2 family for a few rows at a time (decode, verification,
+ * short prompt chunks), in one OpenMP region: the float32 twin of decoder.py's Block.forward
+ * for models whose linear weights are all GGUF blocks that qmatmul.c reads in place.
+ *
+ * One Python call runs every layer: in Python each layer was ~60 small torch operations and
+ * 7 kernel calls (~1 ms of overhead per layer on this 2-core machine); here the threads stay
+ * in one team and meet at barriers.
+ *
+ * Row m of x is the token at position pos[m] of cache slot slots[m]. Its keys and values are
+ * written there and it attends to positions 0..pos[m] of that slot, so several rows of one slot
+ * (verification) see each other causally. Every row is computed by the same sequence of
+ * operations whatever the other rows, M or the thread count (the matrix products are
+ * batch-invariant, and norms, rope and attention are per row), so verifying k drafted tokens
+ * gives bit for bit the hidden states that decoding them one at a time would.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tq.h"
+
+typedef struct {
+    int64_t type, N, K;
+    const uint8_t *W;
+    const float *bias; /* N values or NULL */
+} tq_linear;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* dim values each */
+    tq_linear wq, wk, wv, wo, gate, up, down;
+} tq_layer;
+
+typedef struct {
+    int64_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, rope_len;
+    int64_t rope_interleaved, bits;
+    float eps;
+    const float *cos, *sin; /* (rope_len, head_dim / 2) */
+    const tq_layer *layers;
+} tq_model;
+
+/* e^x for 8 floats (Cephes' expf: x = n ln2 + r, degree-5 polynomial in r; relative error
+ * ~2e-7). Inputs are clamped to [-87.3, 88.3]. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                                _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* out = x / rms(x) * w over n values (n % 8 == 0) */
+static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        a = _mm256_fmadd_ps(v, v, a);
+    }
+    const __m256 r = _mm256_set1_ps(1.f / sqrtf(hsum8(a) / (float)n + eps));
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), r),
+                                                _mm256_loadu_ps(w + i)));
+}
+
+/* rotate each head of x (n_heads x hd) at one position: neox rotates the two halves,
+ * interleaved (GPT-J) adjacent pairs */
+static void rope(float *x, int64_t n_heads, int64_t hd, const float *c, const float *s, int inter) {
+    const int64_t half = hd / 2;
+    for (int64_t h = 0; h < n_heads; h++, x += hd) {
+        for (int64_t i = 0; i < half; i++) {
+            float *p = inter ? x + 2 * i : x + i, *q = inter ? x + 2 * i + 1 : x + i + half;
+            const float a = *p, b = *q;
+            *p = a * c[i] - b * s[i];
+            *q = a * s[i] + b * c[i];
+        }
+    }
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) { /* n % 8 == 0 */
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    return hsum8(s);
+}
+
+/* o (hd) = softmax(q . K[0..n) * scale) V[0..n); sc: n (+7) floats of scratch */
+static void attend(const float *q, const float *K, const float *V, int64_t n, int64_t hd,
+                   float scale, float *sc, float *o) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        sc[j] = dot(q, K + j * hd, hd) * scale;
+        mx = sc[j] > mx ? sc[j] : mx;
+    }
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vs = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
+        _mm256_storeu_ps(sc + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum8(vs);
+    for (; j < n; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t d = 0; d < hd; d += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t t = 0; t < n; t++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[t]), _mm256_loadu_ps(V + t * hd + d), acc);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+    }
+}
+
+static int linear_ok(const tq_linear *l, int64_t N, int64_t K, int bits) {
+    return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, bits);
+}
+
+#define MATMUL(l, in, out, rows) \
+    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, bits, &scr)
+
+/* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
+ * max_len, head_dim) float32. Returns 0; -1 for a shape the model or the kernels do not take or
+ * a position outside the cache or the rope table; -2 when out of memory. */
+int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_t max_len,
+               float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads) {
+    const int64_t D = md->dim, H = md->n_heads, Hkv = md->n_kv_heads, hd = md->head_dim;
+    const int64_t F = md->ffn_dim, QD = H * hd, KD = Hkv * hd;
+    const int bits = (int)md->bits;
+    if (M <= 0 || D % 32 || hd % 8 || H % Hkv || (bits != 8 && bits != 16))
+        return -1;
+    for (int64_t m = 0; m < M; m++)
+        if (slots[m] < 0 || slots[m] >= n_slots || pos[m] < 0 || pos[m] >= max_len ||
+            pos[m] >= md->rope_len)
+            return -1;
+    for (int64_t l = 0; l < md->n_layers; l++) {
+        const tq_layer *L = md->layers + l;
+        if (!linear_ok(&L->wq, QD, D, bits) || !linear_ok(&L->wk, KD, D, bits) ||
+            !linear_ok(&L->wv, KD, D, bits) || !linear_ok(&L->wo, D, QD, bits) ||
+            !linear_ok(&L->gate, F, D, bits) || !linear_ok(&L->up, F, D, bits) ||
+            !linear_ok(&L->down, D, F, bits))
+            return -1;
+    }
+    int64_t kmax = D > QD ? D : QD;
+    kmax = kmax > F ? kmax : F;
+    tq_scratch scr;
+    float *h = malloc(sizeof(float) * M * kmax), *q = malloc(sizeof(float) * M * QD);
+    float *k = malloc(sizeof(float) * M * KD), *v = malloc(sizeof(float) * M * KD);
+    float *o = malloc(sizeof(float) * M * QD), *t = malloc(sizeof(float) * M * D);
+    float *g = malloc(sizeof(float) * M * F), *u = malloc(sizeof(float) * M * F);
+    int rc = tq_scratch_alloc(&scr, M, kmax);
+    if (!h || !q || !k || !v || !o || !t || !g || !u || rc != 0) {
+        free(h); free(q); free(k); free(v); free(o); free(t); free(g); free(u);
+        if (rc == 0)
+            tq_scratch_free(&scr);
+        return -2;
+    }
+    const float scale = 1.f / sqrtf((float)hd);
+    const int64_t half = hd / 2, group = H / Hkv;
+#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
+    {
+        float *sc = malloc(sizeof(float) * (max_len + 8)); /* this thread's attention scores */
+        for (int64_t l = 0; l < md->n_layers; l++) {
+            const tq_layer *L = md->layers + l;
+            float *kl = kc + l * n_slots * Hkv * max_len * hd;
+            float *vl = vc + l * n_slots * Hkv * max_len * hd;
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++)
+                rms_norm(x + m * D, L->attn_norm, D, md->eps, h + m * D);
+            MATMUL(L->wq, h, q, M);
+            MATMUL(L->wk, h, k, M);
+            MATMUL(L->wv, h, v, M);
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) {
+                const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                rope(q + m * QD, H, hd, c, s, (int)md->rope_interleaved);
+                rope(k + m * KD, Hkv, hd, c, s, (int)md->rope_interleaved);
+                for (int64_t j = 0; j < Hkv; j++) {
+                    const int64_t at = ((slots[m] * Hkv + j) * max_len + pos[m]) * hd;
+                    memcpy(kl + at, k + m * KD + j * hd, sizeof(float) * hd);
+                    memcpy(vl + at, v + m * KD + j * hd, sizeof(float) * hd);
+                }
+            }
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < M * H; i++) {
+                const int64_t m = i / H, hh = i % H, j = hh / group;
+                const int64_t at = (slots[m] * Hkv + j) * max_len * hd;
+                if (sc)
+                    attend(q + m * QD + hh * hd, kl + at, vl + at, pos[m] + 1, hd, scale, sc,
+                           o + m * QD + hh * hd);
+            }
+            MATMUL(L->wo, o, t, M);
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) {
+                for (int64_t i = 0; i < D; i++)
+                    x[m * D + i] += t[m * D + i];
+                rms_norm(x + m * D, L->ffn_norm, D, md->eps, h + m * D);
+            }
+            MATMUL(L->gate, h, g, M);
+            MATMUL(L->up, h, u, M);
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) {
+                float *gm = g + m * F, *um = u + m * F;
+                int64_t i = 0;
+                for (; i + 8 <= F; i += 8) { /* silu(g) * u = g / (1 + e^-g) * u */
+                    const __m256 gv = _mm256_loadu_ps(gm + i);
+                    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+                    const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+                    _mm256_storeu_ps(gm + i, _mm256_mul_ps(sg, _mm256_loadu_ps(um + i)));
+                }
+                for (; i < F; i++)
+                    gm[i] = gm[i] / (1.f + expf(-gm[i])) * um[i];
+            }
+            MATMUL(L->down, g, t, M);
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t i = 0; i < D; i++)
+                    x[m * D + i] += t[m * D + i];
+        }
+        if (!sc) {
+#pragma omp atomic write
+            rc = -2;
+        }
+        free(sc);
+    }
+    free(h); free(q); free(k); free(v); free(o); free(t); free(g); free(u);
+    tq_scratch_free(&scr);
+    return rc;
+}

@@ -1,0 +1,20 @@
+/* What qmatmul.c offers forward.c: matrix products callable inside an OpenMP team. */
+#ifndef TQ_H
+#define TQ_H
+#include <stdint.h>
+
+/* quantized activations of M rows of K: int16 or int8 values, per-32 scales and float sums,
+ * per-16 integer sums (int8 only) */
+typedef struct {
+    void *xq;
+    float *xs, *xsum;
+    int16_t *bs;
+} tq_scratch;
+
+int64_t tq_block_bytes(int type);
+int tq_matmul_check(int type, int64_t K, int bits); /* 1 when tq_matmul takes these */
+int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K);
+void tq_scratch_free(tq_scratch *s);
+void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+                    float *y, const float *bias, int bits, const tq_scratch *s);
+#endif

@@ -1,0 +1,116 @@
+"""The C decoder layers (tandem/kernels/forward.c) on tiny quantized GGUF models.
+
+Against the per-layer PyTorch path with the same kernels (decoder.Block, itself checked against
+transformers in test_decoder.py), and for the property speculation rests on: a row's hidden
+state does not depend on the rows around it, bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from tandem import kernels
+from tandem.config import EngineConfig, SamplingParams, SpecConfig
+from tandem.engine import Engine, Request
+from tandem.errors import TandemError
+from tandem.models.decoder import KVCache
+from tandem.models.loader import load_model
+
+from . import tiny
+
+pytestmark = pytest.mark.skipif(not kernels.available(),
+                                reason=f"native kernels unavailable: {kernels.unavailable_reason()}")
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 8, 9, 10, 11, 120, 33, 34, 35, 36, 37]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def qmodel_path(request, tmp_path_factory):
+    """A tiny model with Q8_0 linear weights (qwen2: q/k/v biases, rope on halves; llama:
+    rope on adjacent pairs)."""
+    arch = request.param
+    d = tmp_path_factory.mktemp(f"q8-{arch}")
+    return tiny.write_gguf(tiny.hf_model(arch, seed=5), d / "m.gguf", arch, qtype=QT.Q8_0)
+
+
+def _load(path, bits: str = "int16"):
+    return load_model(path, mode="native", activations=bits, max_len=128)
+
+
+def _logits(m, ids: list[int], chunk: int, native: bool) -> torch.Tensor:
+    """Logits of every position, the prompt fed `chunk` tokens at a time."""
+    m.model._native = False if native else None  # None: keep the PyTorch layers
+    cache = KVCache(m.args, 1, 128, torch.float32)
+    out = []
+    for s in range(0, len(ids), chunk):
+        part = ids[s:s + chunk]
+        out.append(m.model(torch.tensor([part]), cache, [0], [s])[0])
+        cache.append(0, part)
+    m.model._native = False
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("bits", ["int16", "int8"])
+def test_c_layers_match_the_pytorch_layers(qmodel_path, bits):
+    m = _load(qmodel_path, bits)
+    cache = KVCache(m.args, 1, 128, torch.float32)
+    assert m.model.native_layers(cache) is not None  # the C path is what decoding uses
+    want = _logits(m, PROMPT, len(PROMPT), native=False)
+    got = _logits(m, PROMPT, len(PROMPT), native=True)
+    scale = want.abs().max().item()
+    # same kernels and cache; only the float order of norms, rope, softmax and exp differs
+    assert (got - want).abs().max().item() <= 2e-4 * scale
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_rows_do_not_depend_on_the_batch_bit_for_bit(qmodel_path):
+    """One prompt pass, chunks of 5, and one token at a time give the same bits; so do several
+    slots in one pass (verification of drafts for two sequences) against each alone."""
+    m = _load(qmodel_path)
+    whole = _logits(m, PROMPT, len(PROMPT), native=True)
+    assert torch.equal(_logits(m, PROMPT, 5, native=True), whole)
+    assert torch.equal(_logits(m, PROMPT, 1, native=True), whole)
+
+    prompts = [PROMPT[:9], PROMPT[3:6], PROMPT]
+    cache = KVCache(m.args, 3, 128, torch.float32)
+    for s, p in enumerate(prompts):
+        m.model(torch.tensor([p[:-1]]), cache, [s], [0], logits="none")
+        cache.append(s, p[:-1])
+    rows = torch.tensor([[p[-1], 60, 61] for p in prompts])
+    starts = [cache.length(s) for s in range(3)]
+    batched = m.model(rows, cache, [0, 1, 2], starts)
+    for s, p in enumerate(prompts):
+        alone = _logits(m, p + [60, 61], 1, native=True)
+        assert torch.equal(batched[s], alone[-3:]), s
+
+
+def test_positions_outside_the_cache_are_refused(qmodel_path):
+    m = _load(qmodel_path)
+    cache = KVCache(m.args, 1, 16, torch.float32)
+    with pytest.raises(TandemError, match="tq_forward failed"):
+        m.model(torch.tensor([[1, 2, 3]]), cache, [0], [14])
+
+
+def test_greedy_speculation_equals_target_alone_on_the_c_path(tmp_path):
+    target = _load(tiny.write_gguf(tiny.hf_model("qwen2", seed=3), tmp_path / "t.gguf", "qwen2",
+                                   qtype=QT.Q8_0), "int8")
+    draft = _load(tiny.write_gguf(tiny.hf_model("qwen2", seed=9), tmp_path / "d.gguf", "qwen2",
+                                  qtype=QT.Q8_0), "int8")
+    cfg = EngineConfig(ctx_size=128)
+    base = Engine(target, None, cfg, SpecConfig(types=["none"]))
+    spec = Engine(target, draft, cfg, SpecConfig(types=["ngram-simple", "draft-simple"],
+                                                 n_max=4, p_min=0.0, ngram_min=1, ngram_max=3))
+    rng = random.Random(0)
+    drafted = 0
+    for _ in range(6):
+        ids = [rng.randrange(target.args.vocab_size - 3) for _ in range(rng.randint(2, 8))] * 2
+        sp = SamplingParams(n_predict=20, temperature=0.0)
+        want = base.generate(Request(list(ids), sp, cache_prompt=False)).output
+        seq = spec.generate(Request(list(ids), sp, cache_prompt=False))
+        assert seq.output == want, ids
+        drafted += seq.stats.n_drafted
+    assert drafted > 0
