@@ -17,6 +17,8 @@ from tandem.memory import (
     largest_layer_weight,
     plan,
     weight_bytes,
+    c_layer_bytes,
+    c_layers,
     working_bytes,
 )
 from tandem.models.args import ModelArgs
@@ -106,11 +108,28 @@ def test_working_buffer_arithmetic():
     # a short context: the FFN dominates and the chunk is capped at the context
     assert working_bytes(ARGS, 16, 1, 0, 512) == (4 * (100 + 16 * 480 + 17 * 16)
                                                    + VOCAB_ENTRY_BYTES * 100)
-    # compact weights: the largest layer weight (ffn 160 x 64) is expanded for a prefill chunk
+    # compact weights on the PyTorch layers: the largest layer weight (ffn 160 x 64) is
+    # expanded for a prefill chunk (int4 mode, or native with a layer weight the kernels
+    # cannot read)
     assert largest_layer_weight(TENSORS) == 160 * 64
-    p = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "native", prefill_chunk=64,
+    odd = dict(TENSORS, **{"blk.0.attn_v.weight": ("Q2_K", (32, 64))})
+    p = plan([ModelSpec("target", ARGS, odd)], 1000, 2, 4, "native", prefill_chunk=64,
              available=10**9)
     assert p.rows[0].working == expected + 4 * 160 * 64
+    # every layer weight native: the layers run in C (forward.c) and hold, per chunk row,
+    # h (max(dim, q width, ffn) = 160), q, k, v, attention out, residual update, gate, up, the
+    # quantized activations (160 * (1/2 + 3/32)) and two copies of the embedding
+    assert c_layers(ModelSpec("target", ARGS, TENSORS), "native")
+    assert not c_layers(ModelSpec("target", ARGS, odd), "native")
+    per_row = 160 + 160 * (0.5 + 3 / 32) + 2 * 64 + 2 * 32 + 3 * 64 + 2 * 160
+    scores = 2 * 2 * (1000 + 4 + 10)  # 2 threads x 2 query heads per kv head x cache length
+    c_expected = (4 * (2 * 5 * 100 + 1005 * 16) + VOCAB_ENTRY_BYTES * 100
+                  + 4 * (math.ceil(64 * per_row) + scores))
+    assert c_layer_bytes(ARGS, 1000, 2, 4, 64, threads=2) == c_expected
+    p = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "native", prefill_chunk=64,
+             available=10**9)
+    assert p.rows[0].working == c_layer_bytes(ARGS, 1000, 2, 4, 64)
+    assert p.rows[0].working < expected  # no score matrix, nothing expanded
     dense32 = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "dense", "float32", prefill_chunk=64,
                    available=10**9)
     assert dense32.rows[0].working == expected

@@ -24,6 +24,9 @@ What is counted (the loader and the decoder hold exactly these):
   n_heads * ctx_size (attention scores)); the largest layer weight expanded to float32 for a
   prefill chunk's GEMM (models/linear.py: compact weights are expanded per call; not in dense
   float32, where nothing is copied); the rope tables, 2 * (ctx_size + max_k + 1) * head_dim / 2.
+  In native mode with every layer weight readable by the kernels, the layers run in C
+  (kernels/forward.c) and the chunk term is c_layer_bytes' instead: no expanded weight, no
+  score matrix.
   Prefill computes no logits. Plus the tokenizer and the file's metadata as Python objects
   (vocabulary, merges): VOCAB_ENTRY_BYTES per vocabulary entry, measured on the Qwen2.5 file
   (GGUF header 45 MB + tokenizer 55 MB for 151,936 entries, RSS before and after).
@@ -224,6 +227,38 @@ def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
     return 4 * (verify_logits + activations + expanded + rope) + VOCAB_ENTRY_BYTES * args.vocab_size
 
 
+def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
+                  prefill_chunk: int, threads: int = 0) -> int:
+    """Working buffers when every layer runs in C (kernels/forward.c, native mode): a pass of
+    `chunk` rows allocates the normed input (max of dim, q width, ffn_dim), q, k, v, the
+    attention output, the residual update, gate and up, all float32, plus the quantized
+    activations (int16: half a float per value, and per-32 scale and sum, per-16 integer sum)
+    and the embeddings with their copy; each thread keeps the attention scores of one key/value
+    head's query heads over the whole cache. Nothing is
+    expanded and no score matrix is built. Plus the verify logits, rope tables and vocabulary
+    as in working_bytes."""
+    chunk = min(prefill_chunk, ctx_size)
+    qd, kd = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    kmax = max(args.dim, qd, args.ffn_dim)
+    per_row = kmax * (1 + 0.5 + 3 / 32) + 2 * qd + 2 * kd + 3 * args.dim + 2 * args.ffn_dim
+    group = args.n_heads // args.n_kv_heads  # query heads per key/value head
+    scores = (threads or os.cpu_count() or 1) * group * (ctx_size + max_k + 10)
+    return (working_bytes(args, ctx_size, n_parallel, max_k, 0)
+            + 4 * int(math.ceil(chunk * per_row) + scores))
+
+
+def c_layers(spec: "ModelSpec", mode: str) -> bool:
+    """Whether the loaded model runs its layers in C: native mode and every layer weight of a
+    type the kernels read (decoder.Transformer.native_layers)."""
+    from .kernels import TYPES as native_types
+
+    if mode != "native" or spec.source == "hf":
+        return False
+    layer = [t for name, (t, shape) in spec.tensors.items()
+             if name.startswith("blk.") and name.endswith(".weight") and len(shape) == 2]
+    return bool(layer) and all(t in native_types for t in layer)
+
+
 def largest_layer_weight(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
     """Elements of the largest 2-D weight inside the layers (not the embedding or output)."""
     sizes = [math.prod(shape) for name, (_, shape) in tensors.items()
@@ -265,6 +300,8 @@ def plan(models: list[ModelSpec], ctx_size: int, n_parallel: int = 1, max_k: int
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
             kv_cache_bytes(spec.args, ctx_size, n_parallel, max_k, el),
+            c_layer_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk)
+            if c_layers(spec, eff_mode) else
             working_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk,
                           0 if (eff_mode, el) == ("dense", 4) else largest_layer_weight(spec.tensors)),
         ))

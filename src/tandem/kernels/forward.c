@@ -95,40 +95,104 @@ static void rope(float *x, int64_t n_heads, int64_t hd, const float *c, const fl
     }
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) { /* n % 8 == 0 */
-    __m256 s = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8)
-        s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
-    return hsum8(s);
+/* the four sums of a, b, c, d's lanes: [sum a, sum b, sum c, sum d] */
+static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    const __m256 t = _mm256_hadd_ps(ab, cd); /* per lane: a0+a1, b0+b1, c0+c1, d0+d1 */
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* o (hd) = softmax(q . K[0..n) * scale) V[0..n); sc: n (+7) floats of scratch */
-static void attend(const float *q, const float *K, const float *V, int64_t n, int64_t hd,
-                   float scale, float *sc, float *o) {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        sc[j] = dot(q, K + j * hd, hd) * scale;
-        mx = sc[j] > mx ? sc[j] : mx;
+#define KEY_BLOCK 64 /* keys whose K or V rows stay in L1 while every head of the group uses them */
+
+/* Attention of the G query heads that share one key/value head, for one row: o + g * hd =
+ * softmax(q_g . K[0..n) * scale) V[0..n) for g < G (q_g = q + g * hd). sc: G * (n + 8) floats of
+ * scratch. Keys are taken in blocks of KEY_BLOCK for all heads at once, so K and V are read from
+ * memory once per row instead of once per head. Each output element still sums its terms in
+ * key order t = 0, 1, ..., n - 1 in one float32 accumulator, and the sequence of operations
+ * depends only on n: a row gets the same bits in any batch. */
+static void attend(const float *q, int64_t G, const float *K, const float *V, int64_t n,
+                   int64_t hd, float scale, float *sc, float *o) {
+    const int64_t ld = n + 8;
+    for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
+        const int64_t b1 = b0 + KEY_BLOCK < n ? b0 + KEY_BLOCK : n;
+        for (int64_t g = 0; g < G; g++) {
+            const float *qg = q + g * hd;
+            float *sg = sc + g * ld;
+            int64_t t = b0;
+            for (; t + 4 <= b1; t += 4) { /* four keys per pass over q */
+                const float *k0 = K + t * hd;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t i = 0; i < hd; i += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qg + i);
+                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
+                    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
+                    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+                }
+                _mm_storeu_ps(sg + t, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), _mm_set1_ps(scale)));
+            }
+            for (; t < b1; t++) {
+                __m256 a0 = _mm256_setzero_ps();
+                for (int64_t i = 0; i < hd; i += 8)
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(K + t * hd + i), a0);
+                sg[t] = hsum8(a0) * scale;
+            }
+        }
     }
-    const __m256 vmx = _mm256_set1_ps(mx);
-    __m256 vs = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
-        _mm256_storeu_ps(sc + j, e);
-        vs = _mm256_add_ps(vs, e);
-    }
-    float sum = hsum8(vs);
-    for (; j < n; j++) {
-        sc[j] = expf(sc[j] - mx);
-        sum += sc[j];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t d = 0; d < hd; d += 8) {
-        __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) { /* softmax numerators in place; 1 / sum kept at sg[n] */
+        float *sg = sc + g * ld, mx = -INFINITY;
         for (int64_t t = 0; t < n; t++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[t]), _mm256_loadu_ps(V + t * hd + d), acc);
-        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+            mx = sg[t] > mx ? sg[t] : mx;
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vs = _mm256_setzero_ps();
+        int64_t t = 0;
+        for (; t + 8 <= n; t += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
+            _mm256_storeu_ps(sg + t, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        float sum = hsum8(vs);
+        for (; t < n; t++) {
+            sg[t] = expf(sg[t] - mx);
+            sum += sg[t];
+        }
+        sg[n] = 1.f / sum;
+        memset(o + g * hd, 0, sizeof(float) * hd);
+    }
+    for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
+        const int64_t b1 = b0 + KEY_BLOCK < n ? b0 + KEY_BLOCK : n;
+        for (int64_t g = 0; g < G; g++) {
+            const float *sg = sc + g * ld;
+            float *og = o + g * hd;
+            int64_t d = 0;
+            for (; d + 32 <= hd; d += 32) { /* 32 outputs in registers over this key block */
+                __m256 o0 = _mm256_loadu_ps(og + d), o1 = _mm256_loadu_ps(og + d + 8);
+                __m256 o2 = _mm256_loadu_ps(og + d + 16), o3 = _mm256_loadu_ps(og + d + 24);
+                const float *v = V + b0 * hd + d;
+                for (int64_t t = b0; t < b1; t++, v += hd) {
+                    const __m256 p = _mm256_broadcast_ss(sg + t);
+                    o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o0);
+                    o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o1);
+                    o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o2);
+                    o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o3);
+                }
+                _mm256_storeu_ps(og + d, o0);
+                _mm256_storeu_ps(og + d + 8, o1);
+                _mm256_storeu_ps(og + d + 16, o2);
+                _mm256_storeu_ps(og + d + 24, o3);
+            }
+            for (; d < hd; d += 8) {
+                __m256 acc = _mm256_loadu_ps(og + d);
+                for (int64_t t = b0; t < b1; t++)
+                    acc = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + t), _mm256_loadu_ps(V + t * hd + d), acc);
+                _mm256_storeu_ps(og + d, acc);
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        const __m256 inv = _mm256_set1_ps(sc[g * ld + n]);
+        for (int64_t d = 0; d < hd; d += 8)
+            _mm256_storeu_ps(o + g * hd + d, _mm256_mul_ps(_mm256_loadu_ps(o + g * hd + d), inv));
     }
 }
 
@@ -179,7 +243,7 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
     const int64_t half = hd / 2, group = H / Hkv;
 #pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
     {
-        float *sc = malloc(sizeof(float) * (max_len + 8)); /* this thread's attention scores */
+        float *sc = malloc(sizeof(float) * group * (max_len + 9)); /* attention scores */
         for (int64_t l = 0; l < md->n_layers; l++) {
             const tq_layer *L = md->layers + l;
             float *kl = kc + l * n_slots * Hkv * max_len * hd;
@@ -202,12 +266,12 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
                 }
             }
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < M * H; i++) {
-                const int64_t m = i / H, hh = i % H, j = hh / group;
+            for (int64_t i = 0; i < M * Hkv; i++) { /* one row and one key/value head */
+                const int64_t m = i / Hkv, j = i % Hkv;
                 const int64_t at = (slots[m] * Hkv + j) * max_len * hd;
                 if (sc)
-                    attend(q + m * QD + hh * hd, kl + at, vl + at, pos[m] + 1, hd, scale, sc,
-                           o + m * QD + hh * hd);
+                    attend(q + m * QD + j * group * hd, group, kl + at, vl + at, pos[m] + 1, hd,
+                           scale, sc, o + m * QD + j * group * hd);
             }
             MATMUL(L->wo, o, t, M);
 #pragma omp for schedule(static)
