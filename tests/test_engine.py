@@ -9,6 +9,7 @@ import pytest
 
 from tandem.config import EngineConfig, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request
+from tandem.errors import TandemError
 from tandem.models.loader import load_model
 
 from . import tiny
@@ -162,3 +163,28 @@ def test_sampled_distribution_unchanged_by_speculation(models):
         keys = sorted({t for t in a + b if a.count(t) + b.count(t) >= 10})
         table = [[a.count(t) for t in keys], [b.count(t) for t in keys]]
         assert chi2_contingency(table).pvalue > 1e-3, (pos, table)
+
+
+def test_draft_window_keeps_output_and_shortens_the_drafts_prompt(models):
+    """--spec-draft-window: the draft processes only the prompt's last tokens (it then sees a
+    shorter context than the target, so even an identical model is sometimes wrong); the
+    output is still the target's, and the draft's cache holds exactly the sequence from the
+    window's start on. A window longer than the prompt changes nothing."""
+    base = engine(models, "none")
+    spec = engine(models, "draft-simple", "same", n_max=4, p_min=0.0, draft_window=3)
+    wide = engine(models, "draft-simple", "same", n_max=4, p_min=0.0, draft_window=1000)
+    vocab = models[0].args.vocab_size
+    for ids in random_prompts(6, vocab, seed=11):
+        want = run(base, ids, n_predict=16, **GREEDY)
+        sp = SamplingParams(n_predict=16, **GREEDY)
+        seq = spec.generate(Request(list(ids), sp, cache_prompt=False))
+        assert seq.output == want, ids
+        assert seq.stats.n_drafted > 0
+        start = max(0, len(ids) - 1 - 3)
+        held = spec.draft_cache.tokens[seq.slot]
+        assert held == seq.tokens[start:start + len(held)]
+        assert len(held) <= 3 + len(seq.output)
+        full = wide.generate(Request(list(ids), sp, cache_prompt=False))
+        assert full.output == want and full.stats.n_accepted == full.stats.n_drafted > 0
+    with pytest.raises(TandemError, match="spec-draft-window"):
+        SpecConfig(types=["draft-simple"], draft_window=-1)

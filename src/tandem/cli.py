@@ -56,6 +56,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=d.p_min,
                    dest="spec_draft_p_min",
                    help=f"stop drafting below this draft probability ({d.p_min})")
+    g.add_argument("--spec-draft-window", type=int, default=d.draft_window,
+                   dest="spec_draft_window",
+                   help="the draft model processes only this many last tokens of the prompt "
+                        f"(0 = all; {d.draft_window})")
     g.add_argument("--spec-ngram-size-n", "--spec-ngram-simple-size-n", type=int,
                    default=d.ngram_max, dest="spec_ngram_size_n",
                    help=f"longest n-gram to match ({d.ngram_max})")
@@ -87,7 +91,7 @@ def spec_config(a: argparse.Namespace) -> SpecConfig:
     cfg = SpecConfig(
         types=SpecConfig.parse_types(types),
         n_max=a.spec_draft_n_max, n_min=a.spec_draft_n_min, p_min=a.spec_draft_p_min,
-        ngram_min=a.spec_ngram_min_n, ngram_max=a.spec_ngram_size_n, ngram_m=a.spec_ngram_size_m,
+        draft_window=a.spec_draft_window, ngram_min=a.spec_ngram_min_n, ngram_max=a.spec_ngram_size_n, ngram_m=a.spec_ngram_size_m,
     )
     if cfg.adaptive and not a.model_draft:
         cfg.types = ["ngram-simple"]

@@ -174,7 +174,8 @@ class Engine:
                     raise TandemError("spec type draft-simple needs a draft model (--model-draft)")
                 out.append(DraftModelProposer(self.draft.model, self.draft_cache, slot, sampling,
                                               gen, spec.n_max, spec.n_min, spec.p_min,
-                                              prefill_chunk=self.cfg.prefill_chunk))
+                                              prefill_chunk=self.cfg.prefill_chunk,
+                                              window=spec.draft_window))
         return out
 
     def add(self, req: Request) -> Sequence:

@@ -224,7 +224,8 @@ def _spec_line(engine) -> str:
     for t in s.types:  # in the order they are tried
         if t == "draft-simple":
             parts.append(f"draft-simple with {engine.draft.path.name} (n_max {s.n_max}, "
-                         f"n_min {s.n_min}, p_min {s.p_min})")
+                         f"n_min {s.n_min}, p_min {s.p_min}"
+                         + (f", prompt window {s.draft_window}" if s.draft_window else "") + ")")
         elif t == "ngram-simple":
             parts.append(f"ngram-simple (n-gram {s.ngram_min}..{s.ngram_max}, up to "
                          f"{s.ngram_m} tokens)")

@@ -59,6 +59,7 @@ def spec_settings(spec: SpecConfig, draft_path: str | None) -> dict:
         "n_max": spec.n_max,
         "n_min": spec.n_min,
         "p_min": spec.p_min,
+        "draft_window": spec.draft_window,  # 0: the draft processes the whole prompt
         "ngram_min": spec.ngram_min,
         "ngram_max": spec.ngram_max,
         "ngram_m": spec.ngram_m,

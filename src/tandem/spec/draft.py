@@ -19,14 +19,18 @@ class DraftModelProposer:
     draft's distribution under the request's own sampling settings and return those rows as q,
     so the verifier can keep the target's distribution exactly.
 
-    The draft's cache slot holds a prefix of the sequence: `propose` first feeds what the draft
-    has not seen (catch-up), and `accept` rolls its cache back to what the target kept.
+    The draft's cache slot holds the sequence from token `base` on (0, or with a window the
+    start of the prompt's last `window` tokens), at positions counted from there: `propose`
+    first feeds what the draft has not seen (catch-up), and `accept` rolls its cache back to
+    what the target kept.
     """
 
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
-                 prefill_chunk: int = 512) -> None:
+                 prefill_chunk: int = 512, window: int = 0) -> None:
         self.model, self.cache, self.slot = model, cache, slot
+        self.window = window  # 0: the whole prompt
+        self.base = 0  # index in tokens of the draft cache's position 0
         self.prefill_chunk = prefill_chunk  # the target's prompt chunk (EngineConfig)
         self.sampling, self.gen = sampling, gen
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
@@ -34,20 +38,27 @@ class DraftModelProposer:
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Take the prompt and process it now, during prompt time, as the target does: all but
-        the last token (which the first propose feeds), in chunks, without logits."""
+        the last token (which the first propose feeds), in chunks, without logits; with a window,
+        only the last `window` of them."""
         self.tokens = list(prompt_ids)
+        self.base = max(0, len(prompt_ids) - 1 - self.window) if self.window else 0
+        ids = prompt_ids[self.base:-1]
         # a prefix the slot already holds from an earlier request is reused
-        held = self.cache.common_prefix(self.slot, prompt_ids[:-1])
+        held = self.cache.common_prefix(self.slot, ids) if self.base == 0 else 0
         self.cache.truncate(self.slot, held)
         chunk = self.prefill_chunk
-        for s in range(held, len(prompt_ids) - 1, chunk):
-            part = prompt_ids[s: min(s + chunk, len(prompt_ids) - 1)]
+        for s in range(held, len(ids), chunk):
+            part = ids[s: s + chunk]
             self.model(torch.tensor([part]), self.cache, [self.slot], [s], logits="none")
             self.cache.append(self.slot, part)
 
+    def _seen(self) -> int:
+        """Tokens of the sequence the draft's cache accounts for (skipped ones included)."""
+        return self.base + self.cache.length(self.slot)
+
     def unseen(self) -> int:
         """Tokens the next propose must feed before drafting (1 or 2 after a verification)."""
-        return len(self.tokens) - self.cache.length(self.slot)
+        return len(self.tokens) - self._seen()
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Run ids through the draft at its cache's end; the last position's logits (V,)."""
@@ -58,10 +69,10 @@ class DraftModelProposer:
         return logits
 
     def propose(self, k: int) -> Draft:
-        k = min(k, self.n_max, self.cache.max_len - len(self.tokens) - 1)
+        k = min(k, self.n_max, self.cache.max_len - (len(self.tokens) - self.base) - 1)
         if k <= 0 or k < self.n_min:
             return Draft([])
-        logits = self._feed(self.tokens[self.cache.length(self.slot):])
+        logits = self._feed(self.tokens[self._seen():])
         ids: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
@@ -81,6 +92,6 @@ class DraftModelProposer:
 
     def accept(self, n_accepted: int, new_ids: list[int]) -> None:
         # the draft saw tokens + ids[:-1]; keep what the target kept
-        keep = len(self.tokens) + n_accepted
+        keep = len(self.tokens) - self.base + n_accepted
         self.cache.truncate(self.slot, min(self.cache.length(self.slot), keep))
         self.tokens.extend(new_ids)
