@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The paths: label -> extra flags for `tandem generate`.
+# The paths: label -> extra flags for `tandem generate` (and environment variables).
 PATHS = {
-    "native int16 (default)": ["--weights", "native", "--activations", "int16"],
-    "native int8": ["--weights", "native", "--activations", "int8"],
+    "native int16, C layers (default)": ["--weights", "native", "--activations", "int16"],
+    "native int8, C layers": ["--weights", "native", "--activations", "int8"],
+    "native int16, PyTorch layers": ["--weights", "native", "--activations", "int16",
+                                     "TANDEM_NATIVE_LAYERS=0"],
     "int4 repack (fallback)": ["--weights", "int4"],
 }
 
@@ -36,9 +39,11 @@ def prompt_text() -> str:
 
 
 def run_once(model: str, flags: list[str], threads: int, n_predict: int) -> dict:
+    env = dict(os.environ, **dict(f.split("=", 1) for f in flags if "=" in f))
+    flags = [f for f in flags if "=" not in f]
     cmd = [sys.executable, "-m", "tandem.cli", "generate", "-m", model, "-t", str(threads),
            "-p", prompt_text(), "-n", str(n_predict), "--temp", "0", "--json", *flags]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout)
 
 

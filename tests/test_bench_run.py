@@ -76,6 +76,7 @@ def assert_servers_stopped(out: Path) -> None:
 def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
     out = tmp_path / "out"
     args = quick(models, tmp_path, PROMPTS, "--spec-type", "draft-simple", "--spec-draft-p-min", "0")
+    args[args.index("--passes") + 1] = "2"
     assert bench.run(bench_args(*args)) == 0
     captured = capsys.readouterr()
 
@@ -99,16 +100,24 @@ def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
     command = (out / "command.txt").read_text(encoding="utf-8")
     assert "tandem bench --model" in command and "--spec-draft-p-min 0" in command
     assert "--spec-type none" in command and "--spec-type draft-simple" in command
-    assert command.count("speculative-benchmark.py") == 2
+    # both servers up, measured pass by pass in turns, ABBA: one client run per pass each
+    assert command.count("speculative-benchmark.py") == 4
+    order = re.findall(r"# (baseline|candidate): client, pass (\d)", command)
+    assert order == [("baseline", "1"), ("candidate", "1"), ("candidate", "2"), ("baseline", "2")]
     # the client ran isolated (python -I) against the live server and wrote complete files
-    assert command.count(" -I ") == 2
+    assert command.count(" -I ") == 4
     for name in ("baseline.json", "candidate.json"):
         run = json.loads((out / name).read_text(encoding="utf-8"))
         assert run["requests"] and all(r["content"] and r["timings"] and r["stop_type"]
                                        for r in run["requests"])
+        # the per-pass files merged into one, passes numbered 0 and 1 for every task
+        assert sorted((r["task"], r["pass"]) for r in run["requests"]) == [
+            ("code", 0), ("code", 1), ("fox", 0), ("fox", 1)]
+    assert not list(out.glob("*.pass*.json"))
     assert (out / "report.md").read_text(encoding="utf-8").startswith("Made by `tandem bench")
     assert "overall" in captured.out and "speed-up" in captured.out
-    for phase in ("[1/2] baseline", "[2/2] candidate", "ready after", "[pass 1/1] fox"):
+    for phase in ("[1/2] baseline", "[2/2] candidate", "ready after", "pass 2/2: baseline",
+                  "[pass 1/1] fox"):
         assert phase in captured.err
     assert_servers_stopped(out)
 
@@ -209,6 +218,7 @@ def no_server(*args) -> None:
 ])
 def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, phrase):
     monkeypatch.setattr(bench, "measure", no_server)
+    monkeypatch.setattr(bench, "measure_interleaved", no_server)
     bad = tmp_path / "prompts.jsonl"
     bad.write_text("{not json\n", encoding="utf-8")
     argv = [str(bad) if a == "BAD" else a for a in argv]
@@ -219,6 +229,7 @@ def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, ph
 
 def test_results_are_never_written_over(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "measure", no_server)
+    monkeypatch.setattr(bench, "measure_interleaved", no_server)
     out = tmp_path / "out"
     out.mkdir()
     (out / "baseline.json").write_text("{}", encoding="utf-8")

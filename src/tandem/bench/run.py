@@ -3,9 +3,11 @@
     tandem bench --model target.gguf --model-draft draft.gguf --passes 5 --out-dir bench/results/x
 
 Each configuration gets its own `tandem serve` (127.0.0.1, a free port), waits for GET /health
-200, is measured by scripts/speculative-benchmark.py (a subprocess, as a user would run it) and is
-stopped before the next one starts, so two servers never share the CPU. The comparison is
-`tandem compare`'s, in-process. The out dir keeps everything needed to check the figures:
+200 and is measured by scripts/speculative-benchmark.py (a subprocess, as a user would run it).
+One run (baseline and candidate) serves both at once and measures them pass by pass in turns,
+ABBA (`measure_interleaved`): only one works at a time, and a slow spell of this shared machine
+hits both alike. --sweep measures one configuration after another, each server stopped before
+the next starts. The comparison is `tandem compare`'s, in-process. The out dir keeps everything needed to check the figures:
 
     command.txt            the bench command line and every server and client command it ran
     baseline.json          the client's file for the target alone (--spec-type none)
@@ -29,6 +31,7 @@ A server that fails to load or a failed client run is a TandemError with their l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import shlex
@@ -400,11 +403,14 @@ def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
     return [str(c) for c in cmd]
 
 
-def client_command(plan: Plan, label: str, output: Path, url: str) -> list[str]:
+def client_command(plan: Plan, label: str, output: Path, url: str, passes: int | None = None,
+                   warmup: int | None = None) -> list[str]:
     a = plan.args
+    passes = a.passes if passes is None else passes
+    warmup = a.warmup if warmup is None else warmup
     cmd = [sys.executable, "-I", str(plan.client),  # isolated: standard library only
            "--label", label, "--output", str(output),
-           "--url", url, "--passes", str(a.passes), "--warmup", str(a.warmup),
+           "--url", url, "--passes", str(passes), "--warmup", str(warmup),
            "--n-predict", str(a.n_predict)]
     return cmd + (["--prompts", a.prompts] if a.prompts else [])
 
@@ -427,6 +433,61 @@ def measure(plan: Plan, variant: Variant, step: str) -> Path:
         run_client(client, server)
         _say(f"{step} {variant.name}: done; stopping the server")
     return output
+
+
+def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
+    """Serve every configuration at once and measure them pass by pass, taking turns (ABBA:
+    the order flips every pass), so that a neighbour slowing this shared machine for a while
+    slows them alike. Only one server works at a time; the others wait idle. Each pass is one
+    client run with --passes 1; the passes are then merged into one client file per
+    configuration, numbered 0, 1, ... as the client numbers them."""
+    a = plan.args
+    n = len(todo)
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for i, variant in enumerate(todo, start=1):
+            label = variant.label(a.spec_draft_n_max if variant.n_max is None else variant.n_max)
+            port = a.port + i - 1 if a.port else free_port()
+            command = serve_command(plan, variant, port)
+            log_path = plan.out_dir / f"{variant.name}.server.log"
+            _say(f"[{i}/{n}] {variant.name} ({label}): starting the server, log in {log_path}")
+            plan.note(f"# {variant.name}: server\n{shlex.join(command)}")
+            server = stack.enter_context(Server(command, port, log_path))
+            seconds = server.wait_ready(a.load_timeout)
+            _say(f"[{i}/{n}] {variant.name}: ready after {seconds:.1f} s")
+            servers.append((variant, label, server))
+        parts: dict[str, list[Path]] = {v.name: [] for v in todo}
+        for r in range(a.passes):
+            order = servers if r % 2 == 0 else servers[::-1]
+            for variant, label, server in order:
+                _say(f"pass {r + 1}/{a.passes}: {variant.name}")
+                out = plan.out_dir / f"{variant.name}.pass{r}.json"
+                client = client_command(plan, label, out, server.url, passes=1,
+                                        warmup=a.warmup if r == 0 else 0)
+                plan.note(f"# {variant.name}: client, pass {r + 1}\n{shlex.join(client)}")
+                run_client(client, server)
+                parts[variant.name].append(out)
+    paths = []
+    for variant in todo:
+        path = plan.out_dir / f"{variant.name}.json"
+        merge_passes(parts[variant.name], path)
+        paths.append(path)
+    return paths
+
+
+def merge_passes(files: list[Path], out: Path) -> None:
+    """One client file from per-pass client files: the first file's header and warm-up, every
+    file's requests with "pass" set to the file's index; the per-pass files are removed."""
+    merged = json.loads(files[0].read_text(encoding="utf-8"))
+    merged["requests"] = []
+    for r, f in enumerate(files):
+        data = json.loads(f.read_text(encoding="utf-8"))
+        merged["requests"] += [dict(q, **{"pass": r}) for q in data["requests"]]
+    if isinstance(merged.get("settings"), dict):
+        merged["settings"]["passes"] = len(files)
+    out.write_text(json.dumps(merged, indent=1, ensure_ascii=False), encoding="utf-8")
+    for f in files:
+        f.unlink()
 
 
 def run_client(command: list[str], server: Server) -> None:
@@ -459,8 +520,7 @@ def _say(message: str) -> None:
 def run_pair(plan: Plan) -> int:
     """Baseline, then the one candidate; prints compare's table and writes the report."""
     (variant,) = plan.variants
-    base_path = measure(plan, BASELINE, "[1/2]")
-    cand_path = measure(plan, variant, "[2/2]")
+    base_path, cand_path = measure_interleaved(plan, [BASELINE, variant])
     base = compare.load_run(str(base_path), "baseline")
     cand = compare.load_run(str(cand_path), "candidate")
     results = compare.compare_runs(base, cand)
