@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The paths: label -> extra flags for `tandem generate` (and environment variables).
 PATHS = {
-    "native int16, C layers (default)": ["--weights", "native", "--activations", "int16"],
-    "native int8, C layers": ["--weights", "native", "--activations", "int8"],
-    "native int16, PyTorch layers": ["--weights", "native", "--activations", "int16",
-                                     "TANDEM_NATIVE_LAYERS=0"],
+    "native int16 C layers (default)": ["--weights", "native", "--activations", "int16"],
+    "native int8 C layers": ["--weights", "native", "--activations", "int8"],
+    "native int16 PyTorch layers": ["--weights", "native", "--activations", "int16",
+                                    "TANDEM_NATIVE_LAYERS=0"],
     "int4 repack (fallback)": ["--weights", "int4"],
 }
 

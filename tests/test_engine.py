@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 import pytest
 
 from tandem.config import EngineConfig, SamplingParams, SpecConfig
@@ -138,18 +140,20 @@ def test_seeded_sampling_repeats(models):
     assert run(e, [5, 6, 7], **sp) != run(e, [5, 6, 7], **{**sp, "seed": 99})
 
 
-def test_sampled_distribution_unchanged_by_speculation(models):
+@pytest.mark.parametrize("draft_vocab", [0, 100])
+def test_sampled_distribution_unchanged_by_speculation(models, draft_vocab):
     """First three generated tokens, with and without a (different) draft: same distribution.
 
     Two-sample chi-square per position over tokens seen at least 10 times in total; with
     n = 700 runs per side a wrong acceptance rule (e.g. always accepting the draft) moves
-    these distributions far beyond the 1e-3 level this test allows.
+    these distributions far beyond the 1e-3 level this test allows. draft_vocab 100: the draft
+    samples from a shortlist (zero probability elsewhere), and that must not matter either.
     """
     from scipy.stats import chi2_contingency
 
     sp = dict(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, n_predict=3)
     base = engine(models, "none")
-    spec = engine(models, "draft-simple", "other", n_max=3, p_min=0.0)
+    spec = engine(models, "draft-simple", "other", n_max=3, p_min=0.0, draft_vocab=draft_vocab)
     n = 700
     outs = {}
     for name, e in (("base", base), ("spec", spec)):
@@ -188,3 +192,35 @@ def test_draft_window_keeps_output_and_shortens_the_drafts_prompt(models):
         assert full.output == want and full.stats.n_accepted == full.stats.n_drafted > 0
     with pytest.raises(TandemError, match="spec-draft-window"):
         SpecConfig(types=["draft-simple"], draft_window=-1)
+
+
+def test_draft_vocabulary_shortlist(models):
+    """--spec-draft-vocab: the draft scores only the first N ids plus those the sequence used
+    (exactly the full projection's values there), proposes only among them, and the output is
+    still the target's."""
+    from tandem.models.decoder import KVCache
+    from tandem.spec.draft import DraftModelProposer, Shortlist
+
+    target, same, _ = models
+    short = Shortlist(same.model.output, 100, same.args.vocab_size)
+    short.add([5, 250, 250, 120, 299])
+    assert short.ids.tolist() == list(range(100)) + [250, 120, 299]
+    h = torch.randn(same.args.dim)
+    full = same.model.output(h[None])[0]
+    assert torch.allclose(short.logits(h), full[short.ids], atol=1e-5)
+
+    base = engine(models, "none")
+    spec = engine(models, "draft-simple", "same", n_max=4, p_min=0.0, draft_vocab=100)
+    vocab = target.args.vocab_size
+    for ids in random_prompts(6, vocab, seed=5):
+        want = run(base, ids, n_predict=16, **GREEDY)
+        p = DraftModelProposer(same.model, KVCache(same.args, 1, 128, same.dtype), 0,
+                               SamplingParams(**GREEDY), None, 4, 0, 0.0, vocab=100)
+        p.begin(list(ids))
+        proposed = p.propose(4).ids
+        seq = spec.generate(Request(list(ids), SamplingParams(n_predict=16, **GREEDY),
+                                    cache_prompt=False))
+        assert seq.output == want, ids
+        assert seq.stats.n_drafted > 0
+        allowed = set(range(100)) | set(ids)
+        assert proposed and set(proposed) <= allowed

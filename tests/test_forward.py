@@ -114,3 +114,18 @@ def test_greedy_speculation_equals_target_alone_on_the_c_path(tmp_path):
         assert seq.output == want, ids
         drafted += seq.stats.n_drafted
     assert drafted > 0
+
+
+def test_draft_shortlist_reads_rows_of_the_blocks(qmodel_path):
+    """The draft's vocabulary shortlist (--spec-draft-vocab) on GGUF blocks: a prefix of the
+    output matrix's rows in place and a copy of the few extra rows give exactly the full
+    projection's values at those ids."""
+    from tandem.spec.draft import Shortlist
+
+    m = _load(qmodel_path, "int8")
+    short = Shortlist(m.model.output, 64, m.args.vocab_size)
+    short.add([200, 7, 150, 200])
+    assert short.ids.tolist() == list(range(64)) + [200, 150]
+    h = torch.randn(m.args.dim)
+    full = m.model.output(h[None])[0]
+    assert torch.equal(short.logits(h), full[short.ids])

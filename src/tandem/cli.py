@@ -60,6 +60,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    dest="spec_draft_window",
                    help="the draft model processes only this many last tokens of the prompt "
                         f"(0 = all; {d.draft_window})")
+    g.add_argument("--spec-draft-vocab", type=int, default=d.draft_vocab,
+                   dest="spec_draft_vocab",
+                   help="the draft proposes only among the first N token ids plus those of the "
+                        f"prompt and output (0 = all; {d.draft_vocab})")
     g.add_argument("--spec-ngram-size-n", "--spec-ngram-simple-size-n", type=int,
                    default=d.ngram_max, dest="spec_ngram_size_n",
                    help=f"longest n-gram to match ({d.ngram_max})")
@@ -91,7 +95,7 @@ def spec_config(a: argparse.Namespace) -> SpecConfig:
     cfg = SpecConfig(
         types=SpecConfig.parse_types(types),
         n_max=a.spec_draft_n_max, n_min=a.spec_draft_n_min, p_min=a.spec_draft_p_min,
-        draft_window=a.spec_draft_window, ngram_min=a.spec_ngram_min_n, ngram_max=a.spec_ngram_size_n, ngram_m=a.spec_ngram_size_m,
+        draft_window=a.spec_draft_window, draft_vocab=a.spec_draft_vocab, ngram_min=a.spec_ngram_min_n, ngram_max=a.spec_ngram_size_n, ngram_m=a.spec_ngram_size_m,
     )
     if cfg.adaptive and not a.model_draft:
         cfg.types = ["ngram-simple"]

@@ -175,7 +175,8 @@ class Engine:
                 out.append(DraftModelProposer(self.draft.model, self.draft_cache, slot, sampling,
                                               gen, spec.n_max, spec.n_min, spec.p_min,
                                               prefill_chunk=self.cfg.prefill_chunk,
-                                              window=spec.draft_window))
+                                              window=spec.draft_window,
+                                              vocab=spec.draft_vocab))
         return out
 
     def add(self, req: Request) -> Sequence:

@@ -392,7 +392,8 @@ def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
     if variant.uses_draft:
         cmd += ["--spec-draft-n-max", a.spec_draft_n_max, "--spec-draft-n-min",
                 a.spec_draft_n_min, "--spec-draft-p-min", a.spec_draft_p_min,
-                "--spec-draft-window", a.spec_draft_window]
+                "--spec-draft-window", a.spec_draft_window,
+                "--spec-draft-vocab", a.spec_draft_vocab]
     if "ngram-simple" in variant.spec_type.split(","):
         cmd += ["--spec-ngram-size-n", a.spec_ngram_size_n, "--spec-ngram-min-n",
                 a.spec_ngram_min_n, "--spec-ngram-size-m", a.spec_ngram_size_m]

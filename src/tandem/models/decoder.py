@@ -194,6 +194,7 @@ class Transformer(nn.Module):
         """tokens: (B, T) long, row b written at slot slots[b] from position starts[b].
 
         logits: "all" -> (B, T, V) float32 (verification needs every row); "last" -> (B, V);
+        "hidden" -> (B, dim), the last position's final-normed hidden state;
         "none" -> None (prefill only fills the cache: the vocabulary projection is the
         largest matmul of a prefill chunk). The caller records what the cache now holds.
         """
@@ -216,9 +217,11 @@ class Transformer(nn.Module):
             if logits == "none":
                 return None
         with row_invariant(logits == "all" and B * T > 1):
-            if logits == "last":
+            if logits in ("last", "hidden"):
                 x = x[:, -1]
             x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
+            if logits == "hidden":  # the caller projects onto (some of) the vocabulary itself
+                return x.float()
             return self.output(x).float()
 
     def native_layers(self, cache: KVCache):

@@ -225,7 +225,9 @@ def _spec_line(engine) -> str:
         if t == "draft-simple":
             parts.append(f"draft-simple with {engine.draft.path.name} (n_max {s.n_max}, "
                          f"n_min {s.n_min}, p_min {s.p_min}"
-                         + (f", prompt window {s.draft_window}" if s.draft_window else "") + ")")
+                         + (f", prompt window {s.draft_window}" if s.draft_window else "")
+                         + (f", vocabulary {s.draft_vocab} + used ids" if s.draft_vocab else "")
+                         + ")")
         elif t == "ngram-simple":
             parts.append(f"ngram-simple (n-gram {s.ngram_min}..{s.ngram_max}, up to "
                          f"{s.ngram_m} tokens)")

@@ -60,6 +60,7 @@ def spec_settings(spec: SpecConfig, draft_path: str | None) -> dict:
         "n_min": spec.n_min,
         "p_min": spec.p_min,
         "draft_window": spec.draft_window,  # 0: the draft processes the whole prompt
+        "draft_vocab": spec.draft_vocab,  # 0: the draft proposes from the whole vocabulary
         "ngram_min": spec.ngram_min,
         "ngram_max": spec.ngram_max,
         "ngram_m": spec.ngram_m,

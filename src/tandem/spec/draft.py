@@ -2,12 +2,63 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
+from .. import kernels
 from ..config import SamplingParams
 from ..models.decoder import KVCache, Transformer
 from ..sampling import logits_to_probs, sample
 from .proposer import Draft
+
+
+class Shortlist:
+    """The draft's output projection restricted to some vocabulary rows: the first `prefix`
+    ids (BPE vocabularies number tokens roughly by merge rank, so these are the common ones)
+    plus every id the sequence has used (`add`), so words copied from the prompt stay
+    proposable. On the 0.5B draft the full 151,936-row projection is about a third of the
+    bytes a token reads.
+
+    Only which tokens the draft can propose changes: a greedy draft takes the argmax over the
+    shortlist, a sampled one draws from the distribution over it (zero elsewhere), and that
+    distribution is what the verifier receives as q, so the output keeps the target's
+    distribution exactly.
+    """
+
+    def __init__(self, output: torch.nn.Module, prefix: int, vocab_size: int) -> None:
+        self.output, self.prefix, self.vocab_size = output, prefix, vocab_size
+        self.extra: list[int] = []
+        self._known: set[int] = set()
+        self._extra_w: object = None  # the extra rows' weights, built on first use
+        self.ids = torch.arange(prefix)
+
+    def add(self, ids: list[int]) -> None:
+        new = [i for i in dict.fromkeys(ids) if self.prefix <= i < self.vocab_size
+               and i not in self._known]
+        if new:
+            self.extra += new
+            self._known.update(new)
+            self._extra_w = None
+            self.ids = torch.cat([torch.arange(self.prefix), torch.tensor(self.extra)])
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h (dim,) normed hidden state -> (len(self.ids),) float32 logits."""
+        out = self.output
+        if isinstance(getattr(out, "blocks", None), np.ndarray):  # GGUF blocks in place
+            k, bias = out.in_features, out.bias
+            parts = [kernels.matmul(out.type_name, out.blocks[:self.prefix], self.prefix, k, h,
+                                    None if bias is None else bias[:self.prefix], out.bits)]
+            if self.extra:
+                if self._extra_w is None:
+                    self._extra_w = np.ascontiguousarray(out.blocks[self.extra])
+                parts.append(kernels.matmul(out.type_name, self._extra_w, len(self.extra), k, h,
+                                            None if bias is None else bias[self.extra].contiguous(),
+                                            out.bits))
+            return torch.cat(parts).float()
+        w, b = out.weight, out.bias  # Dense
+        idx = self.ids
+        return F.linear(h.to(w.dtype), w[idx], None if b is None else b[idx]).float()
 
 
 class DraftModelProposer:
@@ -27,8 +78,10 @@ class DraftModelProposer:
 
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
-                 prefill_chunk: int = 512, window: int = 0) -> None:
+                 prefill_chunk: int = 512, window: int = 0, vocab: int = 0) -> None:
         self.model, self.cache, self.slot = model, cache, slot
+        self.vocab = vocab  # > 0: propose from a Shortlist of this many first ids (+ used ones)
+        self.short: Shortlist | None = None
         self.window = window  # 0: the whole prompt
         self.base = 0  # index in tokens of the draft cache's position 0
         self.prefill_chunk = prefill_chunk  # the target's prompt chunk (EngineConfig)
@@ -41,6 +94,11 @@ class DraftModelProposer:
         the last token (which the first propose feeds), in chunks, without logits; with a window,
         only the last `window` of them."""
         self.tokens = list(prompt_ids)
+        n_vocab = self.model.args.vocab_size
+        self.short = None
+        if 0 < self.vocab < n_vocab:
+            self.short = Shortlist(self.model.output, self.vocab, n_vocab)
+            self.short.add(prompt_ids)
         self.base = max(0, len(prompt_ids) - 1 - self.window) if self.window else 0
         ids = prompt_ids[self.base:-1]
         # a prefix the slot already holds from an earlier request is reused
@@ -61,10 +119,15 @@ class DraftModelProposer:
         return len(self.tokens) - self._seen()
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
-        """Run ids through the draft at its cache's end; the last position's logits (V,)."""
+        """Run ids through the draft at its cache's end; the last position's logits over the
+        vocabulary (V,), or over the shortlist's ids."""
         start = self.cache.length(self.slot)
         x = torch.tensor([ids], dtype=torch.long)
-        logits = self.model(x, self.cache, [self.slot], [start], logits="last")[0]
+        if self.short is None:
+            logits = self.model(x, self.cache, [self.slot], [start], logits="last")[0]
+        else:
+            h = self.model(x, self.cache, [self.slot], [start], logits="hidden")[0]
+            logits = self.short.logits(h)
         self.cache.append(self.slot, ids)
         return logits
 
@@ -79,11 +142,15 @@ class DraftModelProposer:
             if torch.softmax(logits.float(), -1).max().item() < self.p_min:
                 break
             if self.sampling.greedy:
-                ids.append(int(logits.argmax()))
+                j = int(logits.argmax())
             else:
                 q = logits_to_probs(logits[None], self.sampling)[0]
-                ids.append(sample(q, self.gen))
+                j = sample(q, self.gen)
+                if self.short is not None:  # the distribution over the whole vocabulary
+                    q = torch.zeros(self.model.args.vocab_size, dtype=q.dtype).index_copy_(
+                        0, self.short.ids, q)
                 rows.append(q)
+            ids.append(j if self.short is None else int(self.short.ids[j]))
             if i + 1 < k:
                 logits = self._feed(ids[-1:])
         if len(ids) < max(self.n_min, 1):
@@ -95,3 +162,5 @@ class DraftModelProposer:
         keep = len(self.tokens) - self.base + n_accepted
         self.cache.truncate(self.slot, min(self.cache.length(self.slot), keep))
         self.tokens.extend(new_ids)
+        if self.short is not None:
+            self.short.add(new_ids)
