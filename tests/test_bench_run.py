@@ -217,7 +217,6 @@ def no_server(*args) -> None:
     (["--prompts", "BAD"], "prompts.jsonl:1: not valid JSON"),
 ])
 def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, phrase):
-    monkeypatch.setattr(bench, "measure", no_server)
     monkeypatch.setattr(bench, "measure_interleaved", no_server)
     bad = tmp_path / "prompts.jsonl"
     bad.write_text("{not json\n", encoding="utf-8")
@@ -228,7 +227,6 @@ def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, ph
 
 
 def test_results_are_never_written_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "measure", no_server)
     monkeypatch.setattr(bench, "measure_interleaved", no_server)
     out = tmp_path / "out"
     out.mkdir()

@@ -224,3 +224,34 @@ def test_draft_vocabulary_shortlist(models):
         assert seq.stats.n_drafted > 0
         allowed = set(range(100)) | set(ids)
         assert proposed and set(proposed) <= allowed
+
+
+def test_auto_reads_the_prompt_into_the_draft_only_when_it_pays(models):
+    """auto starts the draft lazily: it reads the prompt only when the measured costs say the
+    rest of the generation will pay that back (n_predict tokens to go times the time the draft
+    saves per token, against the prompt's length times the draft's per-token prompt cost)."""
+    base = engine(models, "none")
+    rng = random.Random(4)
+    ids = [rng.randrange(models[0].args.vocab_size - 3) for _ in range(40)]
+    want = run(base, ids, n_predict=12, **GREEDY)
+
+    target, same, _ = models
+    e = Engine(target, same, EngineConfig(ctx_size=512),
+               SpecConfig(types=["auto"], n_max=4, p_min=0.0))
+    # frozen costs (alpha 0: measurements do not move them) under which drafting pays well
+    e.costs.alpha = 0.0
+    for rows, t in ((1, 0.1), (2, 0.11), (3, 0.12), (4, 0.13), (5, 0.14)):
+        e.costs.record_verify(rows, t)
+    e.costs.record_draft(1, 0.001)
+    e.costs.record_draft_prefill(1, 1.0)  # 40 s to read the prompt: 12 tokens cannot repay it
+    seq = e.generate(Request(list(ids), SamplingParams(n_predict=12, **GREEDY),
+                             cache_prompt=False))
+    assert seq.output == want
+    assert e.draft_cache.length(seq.slot) == 0  # the draft never read anything
+
+    e.costs.draft_prefill_token = 1e-6  # now cheap: reading the prompt pays at once
+    seq = e.generate(Request(list(ids), SamplingParams(n_predict=12, **GREEDY),
+                             cache_prompt=False))
+    assert seq.output == want
+    assert e.draft_cache.length(seq.slot) >= len(ids) - 1
+    assert seq.stats.n_drafted > 0

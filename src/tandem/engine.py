@@ -20,7 +20,7 @@ from .errors import TandemError
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import make_generator
-from .spec.controller import Controller, CostModel
+from .spec.controller import AcceptanceTracker, Controller, CostModel
 from .spec.draft import DraftModelProposer
 from .spec.ngram import NgramProposer
 from .spec.proposer import Draft, Proposer
@@ -72,6 +72,7 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     controllers: dict[int, Controller] = field(default_factory=dict)  # id(proposer) -> its own
     drafted_by: Controller | None = None  # the controller whose proposer drafted this step
+    drafted_by_model: bool = False  # this step's draft came from the draft model
     t_start: float = 0.0
     t_prompt_ms: float = 0.0
     t_gen_start: float = 0.0
@@ -152,6 +153,9 @@ class Engine:
             self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
         self.costs = CostModel()  # measured pass costs, shared by every slot's controllers
+        # acceptance of the draft model's tokens over every request so far: whether catching a
+        # lazy draft up on a prompt will pay is judged with it (see _catch_up_pays)
+        self.draft_history = AcceptanceTracker()
 
     # -- requests -------------------------------------------------------------------------
 
@@ -176,7 +180,7 @@ class Engine:
                                               gen, spec.n_max, spec.n_min, spec.p_min,
                                               prefill_chunk=self.cfg.prefill_chunk,
                                               window=spec.draft_window,
-                                              vocab=spec.draft_vocab))
+                                              vocab=spec.draft_vocab, lazy=spec.adaptive))
         return out
 
     def add(self, req: Request) -> Sequence:
@@ -245,10 +249,17 @@ class Engine:
             self.target.model(torch.zeros(1, rows, dtype=torch.long), self.cache, [slot], [base])
             self.costs.record_verify(rows, time.perf_counter() - t0)
         if self.draft is not None:
+            at = self.draft_cache.length(slot)
             t0 = time.perf_counter()
             self.draft.model(torch.zeros(1, 1, dtype=torch.long), self.draft_cache, [slot],
-                             [self.draft_cache.length(slot)], logits="last")
+                             [at], logits="last")
             self.costs.record_draft(1, time.perf_counter() - t0)
+            rows = min(32, self.draft_cache.max_len - at - 1)
+            if rows > 0:  # the draft reading a prompt chunk, per token
+                t0 = time.perf_counter()
+                self.draft.model(torch.zeros(1, rows, dtype=torch.long), self.draft_cache,
+                                 [slot], [at], logits="none")
+                self.costs.record_draft_prefill(rows, time.perf_counter() - t0)
 
     def release(self, seq: Sequence) -> None:
         if self.slots[seq.slot] is seq:
@@ -277,6 +288,7 @@ class Engine:
         and, for adaptive speculation, by each proposer's controller (which may say 0)."""
         budget = self._budget(seq)
         seq.drafted_by = None
+        seq.drafted_by_model = False
         if budget <= 0:
             return Draft([])
         for p in seq.proposers:
@@ -286,6 +298,16 @@ class Engine:
             if k <= 0:
                 continue
             catch_up = p.unseen() if is_model else 0
+            if is_model and ctl is not None and catch_up > 2:
+                # a lazy draft (auto) has not read the prompt, or fell behind while idle
+                if not self._catch_up_pays(seq, ctl.n_max, catch_up):
+                    continue
+                t0 = time.perf_counter()
+                fed = p.prepare()
+                dt = time.perf_counter() - t0
+                seq.stats.t_draft += dt
+                self.costs.record_draft_prefill(fed, dt)
+                catch_up -= fed
             t0 = time.perf_counter()
             draft = p.propose(k)
             dt = time.perf_counter() - t0
@@ -296,8 +318,30 @@ class Engine:
                 self.costs.record_draft(max(len(draft.ids), 1), dt)
             if draft.ids:
                 seq.drafted_by = ctl
+                seq.drafted_by_model = is_model
                 return draft
         return Draft([])
+
+    def _catch_up_pays(self, seq: Sequence, n_max: int, n: int) -> bool:
+        """Whether feeding the draft n unseen tokens now is likely to be paid back by the rest of
+        this generation: the time the draft saves per remaining token (its best k against plain
+        decoding, with the draft's acceptance so far over every request) times the tokens still
+        to come (n_predict, else the context left), against n times the measured per-token cost
+        of the draft reading a prompt. Unmeasured costs: yes (measure them)."""
+        c = self.costs
+        t_plain, pre = c.verify_time(1), c.draft_prefill_token
+        if t_plain is None or pre is None:
+            return True
+        n_predict = seq.req.sampling.n_predict
+        remaining = (n_predict - len(seq.output) if n_predict >= 0
+                     else self.cfg.ctx_size - len(seq.tokens))
+        judge = Controller(c, n_max=n_max, acceptance=self.draft_history)
+        d = c.draft_token or 0.0
+        plain = judge.rate(0, d)
+        best = max((judge.rate(k, d) or 0.0 for k in range(1, n_max + 1)), default=0.0)
+        if not plain or best <= plain:
+            return False
+        return remaining * (1 / plain - 1 / best) > n * pre
 
     def step(self) -> list[Sequence]:
         """One iteration for every active sequence; returns them (check .done, take_text())."""
@@ -327,6 +371,8 @@ class Engine:
                 s.stats.record(k, res.n_accepted)
                 if s.drafted_by is not None:
                     s.drafted_by.update(k, res.n_accepted)
+                if s.drafted_by_model:
+                    self.draft_history.update(k, res.n_accepted)
             s.stats.t_verify += t_fwd / len(seqs) + time.perf_counter() - t1
             self._append(s, res.tokens, res.n_accepted)
             if s.req.n_probs > 0 and s.n_new:

@@ -1,13 +1,13 @@
-"""`tandem bench`: serve the target alone, then with speculation, measure both on the same work.
+"""`tandem bench`: serve the target alone and with speculation, measure both on the same work.
 
     tandem bench --model target.gguf --model-draft draft.gguf --passes 5 --out-dir bench/results/x
 
 Each configuration gets its own `tandem serve` (127.0.0.1, a free port), waits for GET /health
 200 and is measured by scripts/speculative-benchmark.py (a subprocess, as a user would run it).
-One run (baseline and candidate) serves both at once and measures them pass by pass in turns,
-ABBA (`measure_interleaved`): only one works at a time, and a slow spell of this shared machine
-hits both alike. --sweep measures one configuration after another, each server stopped before
-the next starts. The comparison is `tandem compare`'s, in-process. The out dir keeps everything needed to check the figures:
+Every configuration of a run (baseline and candidate, or the sweep's seven) is served at once
+and measured pass by pass in turns, the order reversed every pass (`measure_interleaved`): only
+one server works at a time, and a slow spell of this shared machine hits all alike. The
+comparison is `tandem compare`'s, in-process. The out dir keeps everything needed to check the figures:
 
     command.txt            the bench command line and every server and client command it ran
     baseline.json          the client's file for the target alone (--spec-type none)
@@ -416,26 +416,6 @@ def client_command(plan: Plan, label: str, output: Path, url: str, passes: int |
     return cmd + (["--prompts", a.prompts] if a.prompts else [])
 
 
-def measure(plan: Plan, variant: Variant, step: str) -> Path:
-    """Serve one configuration, run the client against it, stop it; the client's JSON file."""
-    a = plan.args
-    label = variant.label(a.spec_draft_n_max if variant.n_max is None else variant.n_max)
-    port = a.port or free_port()
-    output = plan.out_dir / f"{variant.name}.json"
-    command = serve_command(plan, variant, port)
-    log_path = plan.out_dir / f"{variant.name}.server.log"
-    _say(f"{step} {variant.name} ({label}): starting the server, log in {log_path}")
-    plan.note(f"# {variant.name}: server\n{shlex.join(command)}")
-    with Server(command, port, log_path) as server:
-        seconds = server.wait_ready(a.load_timeout)
-        _say(f"{step} {variant.name}: ready after {seconds:.1f} s; measuring")
-        client = client_command(plan, label, output, server.url)
-        plan.note(f"# {variant.name}: client\n{shlex.join(client)}")
-        run_client(client, server)
-        _say(f"{step} {variant.name}: done; stopping the server")
-    return output
-
-
 def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
     """Serve every configuration at once and measure them pass by pass, taking turns (ABBA:
     the order flips every pass), so that a neighbour slowing this shared machine for a while
@@ -536,14 +516,14 @@ def run_pair(plan: Plan) -> int:
 
 
 def run_sweep(plan: Plan) -> int:
-    """Baseline once, then every sweep configuration; prints and writes the ranking."""
+    """The baseline and every sweep configuration, served at once and measured in turns;
+    prints and writes the ranking."""
     todo = plan.variants
-    total = len(todo) + 1
-    base_path = measure(plan, BASELINE, f"[1/{total}]")
+    base_path, *paths = measure_interleaved(plan, [BASELINE, *todo])
     base = compare.load_run(str(base_path), "baseline")
     entries = []
-    for i, variant in enumerate(todo, start=2):
-        cand = compare.load_run(str(measure(plan, variant, f"[{i}/{total}]")), variant.name)
+    for variant, path in zip(todo, paths):
+        cand = compare.load_run(str(path), variant.name)
         entries.append((variant, cand, compare.compare_runs(base, cand)))
         _say(f"{variant.name}: {_summary(entries[-1][2])}")
     rows = ranking(entries)

@@ -23,6 +23,7 @@ class CostModel:
 
     verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
     draft_token: float | None = None
+    draft_prefill_token: float | None = None  # the draft reading prompt tokens, per token
     alpha: float = 0.2  # weight of a new measurement
 
     def _mix(self, old: float | None, new: float) -> float:
@@ -34,6 +35,10 @@ class CostModel:
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
             self.draft_token = self._mix(self.draft_token, seconds / tokens)
+
+    def record_draft_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.draft_prefill_token = self._mix(self.draft_prefill_token, seconds / tokens)
 
     def verify_time(self, rows: int) -> float | None:
         """Measured, or interpolated linearly between the nearest measured row counts."""

@@ -78,8 +78,10 @@ class DraftModelProposer:
 
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
-                 prefill_chunk: int = 512, window: int = 0, vocab: int = 0) -> None:
+                 prefill_chunk: int = 512, window: int = 0, vocab: int = 0,
+                 lazy: bool = False) -> None:
         self.model, self.cache, self.slot = model, cache, slot
+        self.lazy = lazy  # begin() only records the prompt; the first propose catches up
         self.vocab = vocab  # > 0: propose from a Shortlist of this many first ids (+ used ones)
         self.short: Shortlist | None = None
         self.window = window  # 0: the whole prompt
@@ -104,11 +106,24 @@ class DraftModelProposer:
         # a prefix the slot already holds from an earlier request is reused
         held = self.cache.common_prefix(self.slot, ids) if self.base == 0 else 0
         self.cache.truncate(self.slot, held)
+        if not self.lazy:
+            self._fill(ids[held:])
+
+    def _fill(self, ids: list[int]) -> None:
+        """Feed ids at the cache's end in prompt chunks, without logits."""
         chunk = self.prefill_chunk
-        for s in range(held, len(ids), chunk):
+        for s in range(0, len(ids), chunk):
             part = ids[s: s + chunk]
-            self.model(torch.tensor([part]), self.cache, [self.slot], [s], logits="none")
+            start = self.cache.length(self.slot)
+            self.model(torch.tensor([part]), self.cache, [self.slot], [start], logits="none")
             self.cache.append(self.slot, part)
+
+    def prepare(self) -> int:
+        """Catch up now on every token not yet seen but the last (which propose feeds, for its
+        logits), in prompt chunks; returns how many were fed."""
+        ids = self.tokens[self._seen():-1]
+        self._fill(ids)
+        return len(ids)
 
     def _seen(self) -> int:
         """Tokens of the sequence the draft's cache accounts for (skipped ones included)."""
@@ -120,7 +135,11 @@ class DraftModelProposer:
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Run ids through the draft at its cache's end; the last position's logits over the
-        vocabulary (V,), or over the shortlist's ids."""
+        vocabulary (V,), or over the shortlist's ids. A long catch-up (lazy start, or tokens
+        skipped while idle) goes in prompt chunks first."""
+        if len(ids) > self.prefill_chunk:
+            self._fill(ids[:-1])
+            ids = ids[-1:]
         start = self.cache.length(self.slot)
         x = torch.tensor([ids], dtype=torch.long)
         if self.short is None:
