@@ -248,11 +248,12 @@ def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
 
 
 def c_layers(spec: "ModelSpec", mode: str) -> bool:
-    """Whether the loaded model runs its layers in C: native mode and every layer weight of a
-    type the kernels read (decoder.Transformer.native_layers)."""
+    """Whether the loaded model runs its layers in C: native mode, dimensions forward.c takes,
+    and every layer weight of a type the kernels read (decoder.Transformer.native_layers)."""
     from .kernels import TYPES as native_types
+    from .kernels import NativeLayers
 
-    if mode != "native" or spec.source == "hf":
+    if mode != "native" or spec.source == "hf" or not NativeLayers.shape_fits(spec.args):
         return False
     layer = [t for name, (t, shape) in spec.tensors.items()
              if name.startswith("blk.") and name.endswith(".weight") and len(shape) == 2]

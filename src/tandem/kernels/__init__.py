@@ -222,12 +222,15 @@ class NativeLayers:
             eps=args.norm_eps, cos=cos.data_ptr(), sin=sin.data_ptr(),
             layers=ctypes.addressof(self._layers))
 
+    @staticmethod
+    def shape_fits(args) -> bool:
+        """forward.c takes these model dimensions (the memory plan asks the same)."""
+        return not (args.dim % 32 or args.head_dim % 8 or args.n_heads % args.n_kv_heads)
+
     @classmethod
     def from_model(cls, args, layers: list, cos: torch.Tensor, sin: torch.Tensor
                    ) -> "NativeLayers | None":
-        if not available() or not layers:
-            return None
-        if args.dim % 32 or args.head_dim % 8 or args.n_heads % args.n_kv_heads:
+        if not available() or not layers or not cls.shape_fits(args):
             return None
         if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
             return None

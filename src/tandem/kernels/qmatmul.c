@@ -40,15 +40,9 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };  /* ggml type ids */
 
-#ifndef MR
 #define MR 8  /* activation rows per pass over a weight row */
-#endif
-#ifndef MB
 #define MB 64 /* activation rows per block of the loop over weight rows */
-#endif
-#ifndef TILE
 #define TILE 32768 /* bytes of weight rows per tile */
-#endif
 
 int64_t tq_block_bytes(int type) {
     switch (type) {
@@ -69,13 +63,8 @@ static int64_t block_weights(int type) { return type >= T_Q4_K ? 256 : 32; }
 /* acc[m] + offv[m], summed across lanes, + off[m]: the end of every row's dot product */
 static inline void finish_rows(const __m256 *acc, const __m256 *offv, const float *off, int mr,
                                float *out) {
-    for (int m = 0; m < mr; m++) {
-        const __m256 t = _mm256_add_ps(acc[m], offv[m]);
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-        out[m] = _mm_cvtss_f32(s4) + off[m];
-    }
+    for (int m = 0; m < mr; m++)
+        out[m] = hsum8(_mm256_add_ps(acc[m], offv[m])) + off[m];
 }
 
 static inline float f16(const uint8_t *p) {

@@ -1,7 +1,17 @@
-/* What qmatmul.c offers forward.c: matrix products callable inside an OpenMP team. */
+/* What qmatmul.c and forward.c share: matrix products callable inside an OpenMP team, and a
+ * lane sum. */
 #ifndef TQ_H
 #define TQ_H
+#include <immintrin.h>
 #include <stdint.h>
+
+/* the sum of v's eight lanes (the order every kernel uses, so results do not depend on which) */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 
 /* quantized activations of M rows of K: int16 or int8 values, per-32 scales and float sums,
  * per-16 integer sums (int8 only) */

@@ -43,22 +43,27 @@ class Shortlist:
             self.ids = torch.cat([torch.arange(self.prefix), torch.tensor(self.extra)])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h (dim,) normed hidden state -> (len(self.ids),) float32 logits."""
+        """h (dim,) normed hidden state -> (len(self.ids),) float32 logits: the prefix rows
+        read in place, the extra rows from a copy made once per change of the set."""
         out = self.output
-        if isinstance(getattr(out, "blocks", None), np.ndarray):  # GGUF blocks in place
-            k, bias = out.in_features, out.bias
-            parts = [kernels.matmul(out.type_name, out.blocks[:self.prefix], self.prefix, k, h,
-                                    None if bias is None else bias[:self.prefix], out.bits)]
-            if self.extra:
-                if self._extra_w is None:
-                    self._extra_w = np.ascontiguousarray(out.blocks[self.extra])
-                parts.append(kernels.matmul(out.type_name, self._extra_w, len(self.extra), k, h,
-                                            None if bias is None else bias[self.extra].contiguous(),
+        blocks = getattr(out, "blocks", None)
+        native = isinstance(blocks, np.ndarray)  # GGUF blocks in place, else a Dense weight
+        if self.extra and self._extra_w is None:
+            self._extra_w = (np.ascontiguousarray(blocks[self.extra]) if native
+                             else out.weight[self.extra])
+        bias = out.bias
+        rows = [(slice(self.prefix), blocks[:self.prefix] if native else out.weight[:self.prefix])]
+        if self.extra:
+            rows.append((self.extra, self._extra_w))
+        parts = []
+        for idx, w in rows:
+            b = None if bias is None else bias[idx].contiguous()
+            if native:
+                parts.append(kernels.matmul(out.type_name, w, len(w), out.in_features, h, b,
                                             out.bits))
-            return torch.cat(parts).float()
-        w, b = out.weight, out.bias  # Dense
-        idx = self.ids
-        return F.linear(h.to(w.dtype), w[idx], None if b is None else b[idx]).float()
+            else:
+                parts.append(F.linear(h.to(w.dtype), w, b))
+        return torch.cat(parts).float()
 
 
 class DraftModelProposer:
@@ -135,11 +140,7 @@ class DraftModelProposer:
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Run ids through the draft at its cache's end; the last position's logits over the
-        vocabulary (V,), or over the shortlist's ids. A long catch-up (lazy start, or tokens
-        skipped while idle) goes in prompt chunks first."""
-        if len(ids) > self.prefill_chunk:
-            self._fill(ids[:-1])
-            ids = ids[-1:]
+        vocabulary (V,), or over the shortlist's ids."""
         start = self.cache.length(self.slot)
         x = torch.tensor([ids], dtype=torch.long)
         if self.short is None:
@@ -154,6 +155,8 @@ class DraftModelProposer:
         k = min(k, self.n_max, self.cache.max_len - (len(self.tokens) - self.base) - 1)
         if k <= 0 or k < self.n_min:
             return Draft([])
+        if self.unseen() > self.prefill_chunk:  # a long catch-up goes in prompt chunks
+            self.prepare()
         logits = self._feed(self.tokens[self._seen():])
         ids: list[int] = []
         rows: list[torch.Tensor] = []
