@@ -1,11 +1,11 @@
-/* Single-thread timing of tq_matmul (src/tandem/kernels/qmatmul.c) on random blocks.
+/* Timing of tq_matmul (src/tandem/kernels/qmatmul.c) on random blocks.
  *
  *   gcc -O3 -mavx2 -mfma -mf16c -fopenmp -o /tmp/kernel_bench bench/kernel_bench.c \
  *       src/tandem/kernels/qmatmul.c
  *   /tmp/kernel_bench TYPE ROWS BITS [N K]     e.g. /tmp/kernel_bench 12 1 16 8960 1536
  *
  * TYPE is the ggml type id (8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K); ROWS activation rows; BITS 16 or
- * 8. Prints the best of 200 calls. Blocks are random bytes with every f16 scale set to 1.0
+ * 8; THREADS=n in the environment runs n threads (default 1). Prints the best of 200 calls. Blocks are random bytes with every f16 scale set to 1.0
  * (random f16 bits could be NaN or subnormal). */
 #include <stdint.h>
 #include <stdio.h>
@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < 200; r++) {
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
-        if (tq_matmul(type, W, N, K, x, M, y, 0, 1, bits) != 0) {
+        if (tq_matmul(type, W, N, K, x, M, y, 0, getenv("THREADS") ? atoi(getenv("THREADS")) : 1, bits) != 0) {
             fprintf(stderr, "tq_matmul refused type %d, K %lld\n", type, (long long)K);
             return 1;
         }

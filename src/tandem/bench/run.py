@@ -18,6 +18,12 @@ comparison is `tandem compare`'s, in-process. The out dir keeps everything neede
     speedup.png            speed-up per task (one run)
     *.server.log           each server's log
 
+--llama-server PATH adds llama.cpp's llama-server with the same GGUF files to the same turns:
+target alone, draft-simple and ngram-simple, each with llama.cpp's own defaults (llama-none.json,
+llama-draft.json, llama-ngram.json), and report.md gets a side-by-side section measured by the
+same client: wall time per pass, decode tokens/s, acceptance, each configuration against
+llama.cpp's target alone, and whether its text equals llama.cpp's.
+
 --sweep measures draft-simple with n-max 2, 4 and 8, ngram-simple, ngram-simple then
 draft-simple, and auto against one baseline, and ranks them by the median wall-time speed-up of a whole
 pass. A configuration whose output differs from the baseline's (the equal-work check) is listed
@@ -65,12 +71,15 @@ class Variant:
     name: str
     spec_type: str
     n_max: int | None = None  # None: the --spec-draft-n-max flag
+    engine: str = "tandem"  # or "llama.cpp": --llama-server, with llama.cpp's own defaults
 
     @property
     def uses_draft(self) -> bool:
         return bool({"draft-simple", "auto"} & set(self.spec_type.split(",")))
 
     def label(self, n_max: int) -> str:
+        if self.engine != "tandem":
+            return f"{self.engine} {self.spec_type}"
         return f"{self.spec_type} n-max {n_max}" if self.uses_draft else self.spec_type
 
 
@@ -82,6 +91,11 @@ SWEEP = (
     Variant("ngram", "ngram-simple"),
     Variant("ngram-draft", "ngram-simple,draft-simple"),
     Variant("auto", "auto"),
+)
+LLAMA = (  # --llama-server: the same client against llama.cpp, in the same turns
+    Variant("llama-none", "none", engine="llama.cpp"),
+    Variant("llama-draft", "draft-simple", engine="llama.cpp"),
+    Variant("llama-ngram", "ngram-simple", engine="llama.cpp"),
 )
 
 
@@ -127,6 +141,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds a server may take to load before bench gives up (900)")
     g.add_argument("--client", default=None,
                    help=f"the benchmark client script (default: {CLIENT} in the source tree)")
+    g.add_argument("--llama-server", metavar="PATH", default=None,
+                   help="also measure llama.cpp's llama-server (this binary) on the same GGUF "
+                        "files and work, in the same turns: target alone, draft-simple and "
+                        "ngram-simple with llama.cpp's defaults")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +192,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     todo = variants(args, draft)
     for variant in [BASELINE, *todo]:
         _validate(args, variant, draft)
+    if args.llama_server is not None:
+        check_llama_server(args.llama_server, target, draft)
     client = find_client(args.client)
     check_prompts(client, args)
     out_dir = make_out_dir(args.out_dir)
@@ -225,6 +245,28 @@ def _spec_namespace(args: argparse.Namespace, variant: Variant, draft: str | Non
         "model_draft": draft if variant.uses_draft else None,
         "spec_draft_n_max": n_max, "spec_draft_n_min": n_min,
     })
+
+
+def llama_variants(plan: Plan) -> list[Variant]:
+    """llama.cpp's configurations for --llama-server (draft-simple only with a draft)."""
+    if plan.args.llama_server is None:
+        return []
+    return [v for v in LLAMA if plan.draft is not None or not v.uses_draft]
+
+
+def check_llama_server(path: str, target: str, draft: str | None) -> None:
+    """--llama-server must be an executable, and the models GGUF files (llama.cpp reads no
+    safetensors folder)."""
+    import os
+
+    from ..registry import resolve
+
+    exe = Path(path)
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise TandemError(f"--llama-server {path!r} is not an executable file")
+    for flag, model in (("--model", target), ("--model-draft", draft)):
+        if model is not None and resolve(model, quiet=True).is_dir():
+            raise TandemError(f"--llama-server needs GGUF files; {flag} {model} is a folder")
 
 
 def find_client(path: str | None) -> Path:
@@ -383,7 +425,23 @@ class Server:
         return "\n".join(f"    {line}" for line in text.splitlines()[-n:]) or "    (no output)"
 
 
+def llama_command(plan: Plan, variant: Variant, port: int) -> list[str]:
+    """llama-server on the same files, threads and context; speculation at llama.cpp's own
+    defaults (what its users get), one slot."""
+    from ..registry import resolve
+
+    a = plan.args
+    cmd = [a.llama_server, "--model", resolve(plan.target, quiet=True), "--threads", a.threads,
+           "--ctx-size", a.ctx_size, "--parallel", 1, "--host", HOST, "--port", port,
+           "--spec-type", variant.spec_type]
+    if variant.uses_draft:
+        cmd += ["--model-draft", resolve(plan.draft, quiet=True)]
+    return [str(c) for c in cmd]
+
+
 def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
+    if variant.engine != "tandem":
+        return llama_command(plan, variant, port)
     a = _spec_namespace(plan.args, variant, plan.draft)
     cmd = [*SERVE, "--model", plan.target]
     if a.model_draft:
@@ -501,13 +559,18 @@ def _say(message: str) -> None:
 def run_pair(plan: Plan) -> int:
     """Baseline, then the one candidate; prints compare's table and writes the report."""
     (variant,) = plan.variants
-    base_path, cand_path = measure_interleaved(plan, [BASELINE, variant])
+    llama = llama_variants(plan)
+    base_path, cand_path, *llama_paths = measure_interleaved(plan, [BASELINE, variant, *llama])
     base = compare.load_run(str(base_path), "baseline")
     cand = compare.load_run(str(cand_path), "candidate")
     results = compare.compare_runs(base, cand)
     sys.stdout.write(compare.render_text(base, cand, results))
     out = plan.out_dir
     markdown = _made_by(plan) + compare.render_markdown(base, cand, results)
+    if llama:
+        runs = [("baseline", base), ("candidate", cand)] + [
+            (v.name, compare.load_run(str(p), v.name)) for v, p in zip(llama, llama_paths)]
+        markdown += "\n" + side_by_side_markdown(runs)
     (out / "report.md").write_text(markdown, encoding="utf-8")
     report = json.dumps(compare.to_json(base, cand, results), indent=1) + "\n"
     (out / "report.json").write_text(report, encoding="utf-8")
@@ -519,7 +582,9 @@ def run_sweep(plan: Plan) -> int:
     """The baseline and every sweep configuration, served at once and measured in turns;
     prints and writes the ranking."""
     todo = plan.variants
-    base_path, *paths = measure_interleaved(plan, [BASELINE, *todo])
+    llama = llama_variants(plan)
+    base_path, *paths = measure_interleaved(plan, [BASELINE, *todo, *llama])
+    paths, llama_paths = paths[:len(todo)], paths[len(todo):]
     base = compare.load_run(str(base_path), "baseline")
     entries = []
     for variant, path in zip(todo, paths):
@@ -528,8 +593,12 @@ def run_sweep(plan: Plan) -> int:
         _say(f"{variant.name}: {_summary(entries[-1][2])}")
     rows = ranking(entries)
     sys.stdout.write(render_ranking(rows))
-    (plan.out_dir / "report.md").write_text(
-        _made_by(plan) + ranking_markdown(rows, base, entries), encoding="utf-8")
+    markdown = _made_by(plan) + ranking_markdown(rows, base, entries)
+    if llama:
+        runs = [("baseline", base)] + [(v.name, cand) for v, cand, _ in entries] + [
+            (v.name, compare.load_run(str(p), v.name)) for v, p in zip(llama, llama_paths)]
+        markdown += "\n" + side_by_side_markdown(runs)
+    (plan.out_dir / "report.md").write_text(markdown, encoding="utf-8")
     report = {"baseline": {"label": base.label, "file": Path(base.path).name},
               "configurations": rows}
     (plan.out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n",
@@ -626,6 +695,73 @@ def ranking_markdown(rows: list[dict], base: compare.Run, entries) -> str:
     for variant, cand, results in entries:
         lines += ["", f"## {cand.label} ({Path(cand.path).name})", "",
                   compare.render_markdown(base, cand, results).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+# ---- llama.cpp side by side -------------------------------------------------------------------
+
+
+def side_by_side(runs: list[tuple[str, compare.Run]]) -> list[dict]:
+    """Every run's figures over the tasks and passes all runs have, against the llama-none run
+    (llama.cpp's target alone): wall seconds of a whole pass (median, range), the ratio of
+    llama.cpp's median to this run's (with the per-pass range), decode tokens/s over the pass,
+    acceptance, and on how many tasks the text equals llama.cpp's and Tandem's baseline's.
+
+    Across engines the text can differ (other float arithmetic), so these are speeds on the
+    same prompts and token budget, not an equal-work check; `tokens` says how much each
+    generated per pass."""
+    ref = dict(runs)["llama-none"]
+    own = runs[0][1]  # Tandem's target alone
+    tasks = [t for t in ref.samples if all(t in r.samples for _, r in runs)]
+    passes = set.intersection(
+        *({s.pass_index for s in r.samples[t]} for _, r in runs for t in tasks)) if tasks else set()
+    if not tasks or not passes:
+        return []
+    ref_walls = [s.wall_s for s in compare._pass_totals(ref, tasks, passes)]
+    rows = []
+    for name, run in runs:
+        totals = compare._pass_totals(run, tasks, passes)
+        walls = [s.wall_s for s in totals]
+        speedup, span = compare.speedup_of(ref_walls, walls, list(zip(ref_walls, walls)))
+        stats = compare.side_stats(totals)
+
+        def same_text(other: compare.Run) -> int:
+            return sum({s.content for s in run.samples[t]} == {s.content for s in other.samples[t]}
+                       for t in tasks)
+
+        rows.append({
+            "name": name, "label": run.label, "file": Path(run.path).name,
+            "wall_s": compare.Spread.of(walls), "vs_llama_alone": speedup, "range": span,
+            "decode_tokens_per_second": stats.tokens_per_second.median,
+            "tokens": stats.tokens_predicted, "acceptance_rate": stats.acceptance_rate,
+            "same_text_as_llama": same_text(ref), "same_text_as_tandem": same_text(own),
+            "tasks": len(tasks),
+        })
+    return rows
+
+
+def side_by_side_markdown(runs: list[tuple[str, compare.Run]]) -> str:
+    rows = side_by_side(runs)
+    lines = ["## llama.cpp on the same client", "",
+             "The same benchmark client, prompts and token budget against llama.cpp's "
+             "llama-server on the same GGUF files, threads and context, measured in the same "
+             "turns. `vs llama.cpp alone`: llama.cpp target-alone median wall seconds of a "
+             "pass / this configuration's (range over passes). Decode tok/s: tokens / decode "
+             "time over a pass. The engines round differently, so their texts may differ: the "
+             "last columns count the tasks whose text is identical.", ""]
+    if not rows:
+        return "\n".join(lines + ["(no task and pass measured by every configuration)"]) + "\n"
+    lines += ["| configuration | wall s per pass, median (range) | vs llama.cpp alone (range) "
+              "| decode tok/s | tokens | acceptance | same text as llama.cpp | "
+              "same text as Tandem alone |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        w, span = r["wall_s"], r["range"] or (r["vs_llama_alone"], r["vs_llama_alone"])
+        acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.1%}"
+        lines.append(
+            f"| {r['label']} ({r['file']}) | {w.median:.2f} ({w.min:.2f}-{w.max:.2f}) | "
+            f"{r['vs_llama_alone']:.2f}x ({span[0]:.2f}-{span[1]:.2f}) | "
+            f"{r['decode_tokens_per_second']:.1f} | {r['tokens']:g} | {acc} | "
+            f"{r['same_text_as_llama']}/{r['tasks']} | {r['same_text_as_tandem']}/{r['tasks']} |")
     return "\n".join(lines) + "\n"
 
 
