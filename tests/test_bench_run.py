@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,77 @@ def test_results_are_never_written_over(tmp_path, monkeypatch):
 def test_client_is_found_in_the_source_tree():
     client = bench.find_client(None)
     assert client.name == "speculative-benchmark.py" and client.is_file()
+
+
+# ---- --llama-server: llama.cpp on the same client ----------------------------------------------
+
+
+def fake_llama_server(tmp_path: Path) -> str:
+    """An executable that takes llama-server's command line: `tandem serve` is llama-server
+    compatible, so the whole --llama-server path runs here without a llama.cpp build."""
+    exe = tmp_path / "llama-server"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} -m tandem.cli serve "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_llama_server_configurations_run_in_the_same_turns(models, tmp_path):
+    out = tmp_path / "out"
+    exe = fake_llama_server(tmp_path)
+    args = quick(models, tmp_path, PROMPTS, "--passes", "2", "--llama-server", exe)
+    assert bench.run(bench_args(*args)) == 0
+
+    names = {p.stem for p in out.glob("*.json")} - {"report"}
+    assert names == {"baseline", "candidate", "llama-none", "llama-draft", "llama-ngram"}
+    commands = (out / "command.txt").read_text(encoding="utf-8")
+    target, draft = models
+    for spec in ("none", "ngram-simple"):
+        assert f"{exe} --model {target} --threads" in commands
+        assert f"--spec-type {spec}" in commands
+    assert f"--spec-type draft-simple --model-draft {draft}" in commands
+    # every configuration was measured in both passes, in turns: pass 1 in order, pass 2 reversed
+    order = re.findall(r"# (\S+): client, pass (\d)", commands)
+    first = [n for n, p in order if p == "1"]
+    assert first == ["baseline", "candidate", "llama-none", "llama-draft", "llama-ngram"]
+    assert [n for n, p in order if p == "2"] == first[::-1]
+    rows = load(out / "report.json")["llama_cpp"]
+    assert [r["name"] for r in rows] == ["baseline", "candidate", "llama-none", "llama-draft",
+                                         "llama-ngram"]
+    llama_alone = rows[2]
+    assert llama_alone["vs_llama_alone"] == pytest.approx(1.0)
+    assert all(r["same_text_as_llama"] == r["tasks"] == 2 for r in rows)  # all greedy Tandem
+    assert rows[3]["acceptance_rate"] is not None  # the draft configuration drafted
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## llama.cpp on the same client" in report
+    assert "| llama.cpp draft-simple (llama-draft.json) |" in report
+    assert_servers_stopped(out)
+
+
+def test_llama_server_must_be_an_executable(models, tmp_path):
+    missing = tmp_path / "no-llama-server"
+    with pytest.raises(TandemError, match="--llama-server .* is not an executable file"):
+        bench.run(bench_args(*quick(models, tmp_path, PROMPTS, "--llama-server", str(missing))))
+    assert not (tmp_path / "out").exists()  # refused before any folder or server
+
+
+def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
+    def run(name, walls, contents=("a", "b"), **prompt):
+        reqs = [request(t, p, w / 2, ms=500.0, n=10, content=c, **prompt)
+                for p, w in enumerate(walls) for t, c in zip("ab", contents)]
+        return name, compare.load_run(bench_file(tmp_path / f"{name}.json", name, reqs), name)
+
+    runs = [run("baseline", [2.5, 2.6]), run("candidate", [1.6, 1.1], ("a", "other")),
+            run("llama-none", [2.0, 2.2], prompt_ms=250.0, prompt_n=50)]
+    rows = {r["name"]: r for r in bench.side_by_side(runs)}
+    cand = rows["candidate"]
+    assert cand["vs_llama_alone"] == pytest.approx(2.1 / 1.35)  # medians of the pass totals
+    assert cand["range"] == pytest.approx((2.0 / 1.6, 2.2 / 1.1))  # pass by pass
+    assert rows["baseline"]["vs_llama_alone"] == pytest.approx(2.1 / 2.55)
+    assert cand["decode_tokens_per_second"] == pytest.approx(20.0)  # 20 tokens per 1000 ms
+    assert (cand["same_text_as_llama"], cand["same_text_as_tandem"]) == (1, 1)
+    assert rows["llama-none"]["same_text_as_tandem"] == 2
+    assert rows["llama-none"]["prompt_tokens_per_second"] == pytest.approx(200.0)
+    assert cand["prompt_tokens_per_second"] is None  # not reported: shown as "-"
+    text = bench.side_by_side_markdown(runs)
+    assert "| candidate (candidate.json) | 1.35 (1.10-1.60) | 1.56x (1.25-2.00) | - | 20.0 |" in text
+    assert "| llama-none (llama-none.json) | 2.10 (2.00-2.20) | 1.00x (1.00-1.00) | 200.0 |" in text

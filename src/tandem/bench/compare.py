@@ -43,6 +43,8 @@ class Sample:
     draft_n: int | None = None
     draft_n_accepted: int | None = None
     n_drafts: int | None = None  # timings.draft_n_drafts or speculative.n_drafts, when reported
+    prompt_ms: float | None = None  # timings.prompt_ms / prompt_n, when reported
+    prompt_n: int | None = None
 
 
 @dataclass(slots=True)
@@ -186,6 +188,8 @@ def _parse_request(r: object, where: str) -> tuple[str, Sample]:
         r["pass"], r["wall_s"], t["predicted_per_second"], t["predicted_ms"], t["predicted_n"],
         r["tokens_predicted"], r["stop_type"], r["content"],
         t.get("draft_n"), t.get("draft_n_accepted"), n_drafts,
+        t["prompt_ms"] if _is_number(t.get("prompt_ms")) else None,
+        t["prompt_n"] if _is_int(t.get("prompt_n")) else None,
     )
 
 

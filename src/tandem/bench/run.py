@@ -43,6 +43,7 @@ import json
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -51,7 +52,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -572,7 +573,10 @@ def run_pair(plan: Plan) -> int:
             (v.name, compare.load_run(str(p), v.name)) for v, p in zip(llama, llama_paths)]
         markdown += "\n" + side_by_side_markdown(runs)
     (out / "report.md").write_text(markdown, encoding="utf-8")
-    report = json.dumps(compare.to_json(base, cand, results), indent=1) + "\n"
+    report = compare.to_json(base, cand, results)
+    if llama:
+        report["llama_cpp"] = side_by_side(runs)
+    report = json.dumps(report, indent=1) + "\n"
     (out / "report.json").write_text(report, encoding="utf-8")
     compare.write_plot(str(out / "speedup.png"), base, cand, results)
     return _verdict(all(r.equal_work for r in results), out / "report.md")
@@ -601,6 +605,8 @@ def run_sweep(plan: Plan) -> int:
     (plan.out_dir / "report.md").write_text(markdown, encoding="utf-8")
     report = {"baseline": {"label": base.label, "file": Path(base.path).name},
               "configurations": rows}
+    if llama:
+        report["llama_cpp"] = side_by_side(runs)
     (plan.out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n",
                                               encoding="utf-8")
     return _verdict(all(r["equal_work"] for r in rows), plan.out_dir / "report.md")
@@ -725,14 +731,22 @@ def side_by_side(runs: list[tuple[str, compare.Run]]) -> list[dict]:
         speedup, span = compare.speedup_of(ref_walls, walls, list(zip(ref_walls, walls)))
         stats = compare.side_stats(totals)
 
+        prompt = []  # prompt tokens/s of each pass, when every request reports its prompt time
+        for p in sorted(passes):
+            group = [s for t in tasks for s in run.samples[t] if s.pass_index == p]
+            if all(s.prompt_ms and s.prompt_n is not None for s in group):
+                prompt.append(1000 * sum(s.prompt_n for s in group)
+                              / sum(s.prompt_ms for s in group))
+
         def same_text(other: compare.Run) -> int:
             return sum({s.content for s in run.samples[t]} == {s.content for s in other.samples[t]}
                        for t in tasks)
 
         rows.append({
             "name": name, "label": run.label, "file": Path(run.path).name,
-            "wall_s": compare.Spread.of(walls), "vs_llama_alone": speedup, "range": span,
+            "wall_s": asdict(compare.Spread.of(walls)), "vs_llama_alone": speedup, "range": span,
             "decode_tokens_per_second": stats.tokens_per_second.median,
+            "prompt_tokens_per_second": statistics.median(prompt) if prompt else None,
             "tokens": stats.tokens_predicted, "acceptance_rate": stats.acceptance_rate,
             "same_text_as_llama": same_text(ref), "same_text_as_tandem": same_text(own),
             "tasks": len(tasks),
@@ -747,19 +761,22 @@ def side_by_side_markdown(runs: list[tuple[str, compare.Run]]) -> str:
              "llama-server on the same GGUF files, threads and context, measured in the same "
              "turns. `vs llama.cpp alone`: llama.cpp target-alone median wall seconds of a "
              "pass / this configuration's (range over passes). Decode tok/s: tokens / decode "
-             "time over a pass. The engines round differently, so their texts may differ: the "
+             "time over a pass; prompt tok/s likewise. The engines round differently, so their texts may differ: the "
              "last columns count the tasks whose text is identical.", ""]
     if not rows:
         return "\n".join(lines + ["(no task and pass measured by every configuration)"]) + "\n"
     lines += ["| configuration | wall s per pass, median (range) | vs llama.cpp alone (range) "
-              "| decode tok/s | tokens | acceptance | same text as llama.cpp | "
-              "same text as Tandem alone |", "|---|---|---|---|---|---|---|---|"]
+              "| prompt tok/s | decode tok/s | tokens | acceptance | same text as llama.cpp | "
+              "same text as Tandem alone |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         w, span = r["wall_s"], r["range"] or (r["vs_llama_alone"], r["vs_llama_alone"])
+        w = compare.Spread(**w)
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.1%}"
+        pp = r["prompt_tokens_per_second"]
+        pp = "-" if pp is None else f"{pp:.1f}"
         lines.append(
             f"| {r['label']} ({r['file']}) | {w.median:.2f} ({w.min:.2f}-{w.max:.2f}) | "
-            f"{r['vs_llama_alone']:.2f}x ({span[0]:.2f}-{span[1]:.2f}) | "
+            f"{r['vs_llama_alone']:.2f}x ({span[0]:.2f}-{span[1]:.2f}) | {pp} | "
             f"{r['decode_tokens_per_second']:.1f} | {r['tokens']:g} | {acc} | "
             f"{r['same_text_as_llama']}/{r['tasks']} | {r['same_text_as_tandem']}/{r['tasks']} |")
     return "\n".join(lines) + "\n"
