@@ -279,7 +279,7 @@ def test_llama_server_configurations_run_in_the_same_turns(models, tmp_path):
     llama_alone = rows[2]
     assert llama_alone["vs_llama_alone"] == pytest.approx(1.0)
     assert all(r["same_text_as_llama"] == r["tasks"] == 2 for r in rows)  # all greedy Tandem
-    assert rows[3]["acceptance_rate"] is not None  # the draft configuration drafted
+    assert all(r["tokens"] == rows[0]["tokens"] for r in rows)  # the same budget everywhere
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "## llama.cpp on the same client" in report
     assert "| llama.cpp draft-simple (llama-draft.json) |" in report

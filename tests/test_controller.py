@@ -100,3 +100,31 @@ def test_auto_keeps_greedy_output_and_stops_drafting_when_it_cannot_pay(models):
     seq = auto.generate(Request([5, 6, 7, 8], sp))
     assert seq.output == want
     assert seq.stats.n_drafts <= 40 // 16 + 1  # only the periodic probes
+
+
+def test_a_measurement_moves_every_row_count_and_its_own_the_most():
+    c = costs({1: 0.1, 5: 0.3})
+    c.record_verify(1, 0.2)  # the machine got twice as slow
+    assert c.verify[1] == pytest.approx(0.8 * 0.1 + 0.2 * 0.2)  # its own: the full step
+    assert c.verify[5] == pytest.approx(0.3 * (1 + 0.1 * (0.2 / 0.1 - 1)))  # the drift: half
+    c.alpha = 0.0  # frozen costs stay frozen
+    c.record_verify(5, 9.0)
+    assert c.verify == pytest.approx({1: 0.12, 5: 0.33})
+
+
+def test_unreached_positions_expect_what_the_position_before_them_got():
+    t = AcceptanceTracker()
+    for _ in range(100):
+        t.update(1, 1)  # only ever drafted one token, always accepted
+    assert t.rate(0) == pytest.approx(102 / 103)
+    assert t.rate(3) == pytest.approx(t.rate(0))  # not the 2/3 of the bare prior
+    # so with free n-gram drafts and 9 rows at twice the cost of 1, a long draft is chosen
+    ctl = Controller(costs({1: 0.1, 9: 0.2}), n_max=8, acceptance=t)
+    assert ctl.choose(0.0) == 8
+
+
+def test_speculating_controller_probes_one_token_longer_now_and_then():
+    c = costs({1: 0.1, 2: 0.12, 3: 0.5, 4: 0.6})  # rows 3 and 4 look dear (a slow spell)
+    ctl = Controller(c, n_max=3, acceptance=trained(0.95), probe_every=4)
+    picks = [ctl.choose(0.0) for _ in range(8)]
+    assert picks == [1, 1, 1, 2, 1, 1, 1, 2]

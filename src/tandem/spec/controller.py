@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class CostModel:
-    """Seconds per target pass by number of rows, and per draft token; running averages."""
+    """Seconds per target pass by number of rows, and per draft token; running averages.
+
+    A pass is measured only at the row count a step used, but this shared machine speeds up
+    and slows down for all row counts at once. So a measurement moves every row count's cost
+    by the same factor (the machine's drift) and its own row count a little more (its shape):
+    otherwise costs calibrated in a slow spell would stay stale for the row counts the
+    controller stopped using, and lock it into a short k."""
 
     verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
     draft_token: float | None = None
@@ -30,7 +36,14 @@ class CostModel:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
 
     def record_verify(self, rows: int, seconds: float) -> None:
-        self.verify[rows] = self._mix(self.verify.get(rows), seconds)
+        old = self.verify.get(rows)
+        if old is None or old <= 0:
+            self.verify[rows] = seconds
+            return
+        drift = 1 + self.alpha / 2 * (seconds / old - 1)  # half the step for every row count
+        for r in self.verify:
+            self.verify[r] *= drift
+        self.verify[rows] = self._mix(old, seconds)  # the full step for the one measured
 
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -63,7 +76,7 @@ class AcceptanceTracker:
 
     A draft of k tokens with n accepted reached positions 0..min(n, k-1) and accepted 0..n-1.
     The estimate starts from a Beta(prior_hits, prior_misses) prior so that a few draws do not
-    swing it to 0 or 1.
+    swing it to 0 or 1; see rate() for positions beyond the first.
     """
 
     prior_hits: float = 2.0
@@ -81,9 +94,18 @@ class AcceptanceTracker:
             self.accepted[j] += j < n_accepted
 
     def rate(self, j: int) -> float:
-        r = self.reached[j] if j < len(self.reached) else 0
-        a = self.accepted[j] if j < len(self.accepted) else 0
-        return (a + self.prior_hits) / (r + self.prior_hits + self.prior_misses)
+        """Posterior mean of position j. Position 0's prior is Beta(prior_hits, prior_misses);
+        position j's prior has the same weight around position j - 1's estimate, so a
+        position never reached yet is expected to do as well as the one before it (a
+        controller that kept k short must still see what a longer k would give)."""
+        weight = self.prior_hits + self.prior_misses
+        p = self.prior_hits / weight if weight > 0 else 1.0
+        for i in range(j + 1):
+            r = self.reached[i] if i < len(self.reached) else 0
+            a = self.accepted[i] if i < len(self.accepted) else 0
+            if r + weight > 0:
+                p = (a + weight * p) / (r + weight)
+        return p
 
     def expected_tokens(self, k: int) -> float:
         """1 (the target's own token) + sum over i of P(first i draft tokens accepted)."""
@@ -99,7 +121,9 @@ class Controller:
     """Picks k in 0..n_max for one sequence; k = 0 turns speculation off for that step.
 
     Every `probe_every` steps spent at k = 0 it tries the best k > 0 once, so that a change in
-    the text (a stretch the draft predicts well) is noticed. It speculates only when the best
+    the text (a stretch the draft predicts well) is noticed; likewise, every `probe_every`
+    steps spent speculating it tries one token more than the best k, so that the cost and the
+    acceptance of longer drafts keep being measured rather than remembered. It speculates only when the best
     k is predicted to beat plain decoding by `margin` (5%): costs are measured on a shared,
     noisy machine, and near break-even a wrong guess can only lose.
     """
@@ -110,6 +134,7 @@ class Controller:
     probe_every: int = 16
     margin: float = 0.05
     _idle: int = 0
+    _busy: int = 0
 
     def rate(self, k: int, draft_token: float) -> float | None:
         t = self.costs.verify_time(k + 1)
@@ -128,6 +153,10 @@ class Controller:
         best_rate, best_k = max(rates, default=(0.0, 0))
         if best_rate > plain * (1 + self.margin):
             self._idle = 0
+            self._busy += 1
+            if self._busy >= self.probe_every and best_k < self.n_max:
+                self._busy = 0
+                return best_k + 1
             return best_k
         self._idle += 1
         if self._idle >= self.probe_every:
