@@ -5,8 +5,10 @@
  *   /tmp/kernel_bench TYPE ROWS BITS [N K]     e.g. /tmp/kernel_bench 12 1 16 8960 1536
  *
  * TYPE is the ggml type id (8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K); ROWS activation rows; BITS 16 or
- * 8; THREADS=n in the environment runs n threads (default 1). Prints the best of 200 calls. Blocks are random bytes with every f16 scale set to 1.0
- * (random f16 bits could be NaN or subnormal). */
+ * 8; THREADS=n in the environment runs n threads (default 1). Prints the best of 200 calls (the
+ * weights then sit in the L3 cache when they fit: decoding a whole model reads them from
+ * memory). Blocks are random bytes with every f16 scale set to 1.0 (random f16 bits could be
+ * NaN or subnormal). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
