@@ -311,6 +311,6 @@ def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
     assert rows["llama-none"]["same_text_as_tandem"] == 2
     assert rows["llama-none"]["prompt_tokens_per_second"] == pytest.approx(200.0)
     assert cand["prompt_tokens_per_second"] is None  # not reported: shown as "-"
-    text = bench.side_by_side_markdown(runs)
+    text = bench.side_by_side_markdown(bench.side_by_side(runs))
     assert "| candidate (candidate.json) | 1.35 (1.10-1.60) | 1.56x (1.25-2.00) | - | 20.0 |" in text
     assert "| llama-none (llama-none.json) | 2.10 (2.00-2.20) | 1.00x (1.00-1.00) | 200.0 |" in text

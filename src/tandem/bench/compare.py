@@ -326,6 +326,8 @@ def _pass_totals(run: Run, tasks: list[str], passes: set[int]) -> list[Sample]:
             _sum_reported(s.draft_n for s in group),
             _sum_reported(s.draft_n_accepted for s in group),
             _sum_reported(s.n_drafts for s in group),
+            _sum_reported(s.prompt_ms for s in group),
+            _sum_reported(s.prompt_n for s in group),
         ))
     return totals
 

@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import shlex
 import signal
 import socket
@@ -258,8 +259,6 @@ def llama_variants(plan: Plan) -> list[Variant]:
 def check_llama_server(path: str, target: str, draft: str | None) -> None:
     """--llama-server must be an executable, and the models GGUF files (llama.cpp reads no
     safetensors folder)."""
-    import os
-
     from ..registry import resolve
 
     exe = Path(path)
@@ -569,13 +568,13 @@ def run_pair(plan: Plan) -> int:
     out = plan.out_dir
     markdown = _made_by(plan) + compare.render_markdown(base, cand, results)
     if llama:
-        runs = [("baseline", base), ("candidate", cand)] + [
-            (v.name, compare.load_run(str(p), v.name)) for v, p in zip(llama, llama_paths)]
-        markdown += "\n" + side_by_side_markdown(runs)
+        rows = side_by_side([("baseline", base), ("candidate", cand),
+                             *_load_runs(llama, llama_paths)])
+        markdown += "\n" + side_by_side_markdown(rows)
     (out / "report.md").write_text(markdown, encoding="utf-8")
     report = compare.to_json(base, cand, results)
     if llama:
-        report["llama_cpp"] = side_by_side(runs)
+        report["llama_cpp"] = rows
     report = json.dumps(report, indent=1) + "\n"
     (out / "report.json").write_text(report, encoding="utf-8")
     compare.write_plot(str(out / "speedup.png"), base, cand, results)
@@ -599,17 +598,21 @@ def run_sweep(plan: Plan) -> int:
     sys.stdout.write(render_ranking(rows))
     markdown = _made_by(plan) + ranking_markdown(rows, base, entries)
     if llama:
-        runs = [("baseline", base)] + [(v.name, cand) for v, cand, _ in entries] + [
-            (v.name, compare.load_run(str(p), v.name)) for v, p in zip(llama, llama_paths)]
-        markdown += "\n" + side_by_side_markdown(runs)
+        side = side_by_side([("baseline", base), *((v.name, cand) for v, cand, _ in entries),
+                             *_load_runs(llama, llama_paths)])
+        markdown += "\n" + side_by_side_markdown(side)
     (plan.out_dir / "report.md").write_text(markdown, encoding="utf-8")
     report = {"baseline": {"label": base.label, "file": Path(base.path).name},
               "configurations": rows}
     if llama:
-        report["llama_cpp"] = side_by_side(runs)
+        report["llama_cpp"] = side
     (plan.out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n",
                                               encoding="utf-8")
     return _verdict(all(r["equal_work"] for r in rows), plan.out_dir / "report.md")
+
+
+def _load_runs(variants: list[Variant], paths: list[Path]) -> list[tuple[str, compare.Run]]:
+    return [(v.name, compare.load_run(str(p), v.name)) for v, p in zip(variants, paths)]
 
 
 def _made_by(plan: Plan) -> str:
@@ -731,12 +734,9 @@ def side_by_side(runs: list[tuple[str, compare.Run]]) -> list[dict]:
         speedup, span = compare.speedup_of(ref_walls, walls, list(zip(ref_walls, walls)))
         stats = compare.side_stats(totals)
 
-        prompt = []  # prompt tokens/s of each pass, when every request reports its prompt time
-        for p in sorted(passes):
-            group = [s for t in tasks for s in run.samples[t] if s.pass_index == p]
-            if all(s.prompt_ms and s.prompt_n is not None for s in group):
-                prompt.append(1000 * sum(s.prompt_n for s in group)
-                              / sum(s.prompt_ms for s in group))
+        # prompt tokens/s of each pass whose requests all report their prompt time
+        prompt = [1000 * s.prompt_n / s.prompt_ms for s in totals
+                  if s.prompt_ms and s.prompt_n is not None]
 
         def same_text(other: compare.Run) -> int:
             return sum({s.content for s in run.samples[t]} == {s.content for s in other.samples[t]}
@@ -754,8 +754,8 @@ def side_by_side(runs: list[tuple[str, compare.Run]]) -> list[dict]:
     return rows
 
 
-def side_by_side_markdown(runs: list[tuple[str, compare.Run]]) -> str:
-    rows = side_by_side(runs)
+def side_by_side_markdown(rows: list[dict]) -> str:
+    """report.md's section for side_by_side's rows."""
     lines = ["## llama.cpp on the same client", "",
              "The same benchmark client, prompts and token budget against llama.cpp's "
              "llama-server on the same GGUF files, threads and context, measured in the same "

@@ -76,7 +76,7 @@ class AcceptanceTracker:
 
     A draft of k tokens with n accepted reached positions 0..min(n, k-1) and accepted 0..n-1.
     The estimate starts from a Beta(prior_hits, prior_misses) prior so that a few draws do not
-    swing it to 0 or 1; see rate() for positions beyond the first.
+    swing it to 0 or 1; see rates() for positions beyond the first.
     """
 
     prior_hits: float = 2.0
@@ -93,25 +93,30 @@ class AcceptanceTracker:
             self.reached[j] += 1
             self.accepted[j] += j < n_accepted
 
-    def rate(self, j: int) -> float:
-        """Posterior mean of position j. Position 0's prior is Beta(prior_hits, prior_misses);
-        position j's prior has the same weight around position j - 1's estimate, so a
-        position never reached yet is expected to do as well as the one before it (a
-        controller that kept k short must still see what a longer k would give)."""
+    def rates(self, n: int) -> list[float]:
+        """Posterior means of positions 0..n-1. Position 0's prior is Beta(prior_hits,
+        prior_misses); position j's prior has the same weight around position j - 1's
+        estimate, so a position never reached yet is expected to do as well as the one before
+        it (a controller that kept k short must still see what a longer k would give)."""
         weight = self.prior_hits + self.prior_misses
         p = self.prior_hits / weight if weight > 0 else 1.0
-        for i in range(j + 1):
+        out = []
+        for i in range(n):
             r = self.reached[i] if i < len(self.reached) else 0
             a = self.accepted[i] if i < len(self.accepted) else 0
             if r + weight > 0:
                 p = (a + weight * p) / (r + weight)
-        return p
+            out.append(p)
+        return out
+
+    def rate(self, j: int) -> float:
+        return self.rates(j + 1)[j]
 
     def expected_tokens(self, k: int) -> float:
         """1 (the target's own token) + sum over i of P(first i draft tokens accepted)."""
         total, p = 1.0, 1.0
-        for j in range(k):
-            p *= self.rate(j)
+        for r in self.rates(k):
+            p *= r
             total += p
         return total
 
