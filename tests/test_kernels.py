@@ -104,6 +104,39 @@ def test_rows_are_batch_invariant_bit_for_bit(qtype, bits):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("qtype", K_QUANTS)
+def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype):
+    """From 16 rows the K-quants take the prompt path (weights unpacked once per block of rows,
+    a 4 x 2 micro-kernel). Its rows must be the 1-row products exactly, or a prompt would fill
+    the cache with other values than decoding the same tokens. 37 rows (an odd last row), 42
+    weight rows (a partial group of 4 in each thread's share), K = 2304 (two unpacked chunks),
+    a bias, one and two threads; and still within the rounding bound of the exact product."""
+    n, k, m = 42, 2304, 37
+    raw = _tensor(qtype, n, k, seed=5)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
+    x[:, 7] *= 40
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            full = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias)
+            for i in range(m):
+                one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias)
+                assert torch.equal(one[0], full[i]), (t, i)
+            kernels.set_prompt_rows(1 << 62)  # the row-by-row kernel for all 37 rows
+            try:
+                rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias)
+            finally:
+                kernels.set_prompt_rows(16)
+            assert torch.equal(rowwise, full)
+    finally:
+        torch.set_num_threads(threads)
+    w = torch.from_numpy(gguf_quants.dequantize(raw.data, qtype).reshape(n, k)).double()
+    exact = x.double() @ w.T + bias.double()
+    assert ((full.double() - exact).abs() <= _bound(x.double(), w, 256)).all()
+
+
 def test_zero_and_tiny_activations():
     raw = _tensor(QT.Q4_K, 16, 256)
     assert torch.equal(kernels.matmul("Q4_K", raw.data, 16, 256, torch.zeros(2, 256)),

@@ -602,6 +602,247 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
 ROW_DOT_TABLE(row_dot8, acts8_t, ROW_DOTS8);
 
 
+/* ---- many activation rows (prompt chunks): K-quant weights unpacked once per block of rows --
+ * row_dot re-derives each weight's int16 value (nibbles, fifth bit, sub-block scale) for every
+ * MR = 8 activation rows, and its 8 accumulators and the weights do not fit the 16 vector
+ * registers (gcc spills). Here NR = 4 weight rows are unpacked once, KC weights at a time, into
+ * an int16 buffer that stays in L1; a micro-kernel then runs 2 activation rows against the 4
+ * rows at a time, 8 integer accumulators in registers, for every row of a block of activation
+ * rows that stays in L2.
+ * Each output element gets exactly row_dot's result bit for bit: lane j of each integer sum
+ * holds the same products (16 consecutive weights per vector, words 2j and 2j + 1), integer
+ * sums do not depend on their order, and the float steps (one fma per 256 weights, Q6_K per
+ * 128, then the same lane sum) are the same operations in the same order. So rows stay
+ * batch-invariant whichever path a call takes. */
+
+/* activation rows from which a K-quant product takes this path; tq_set_prompt_rows changes it
+ * (TANDEM_PROMPT_KERNEL=0 turns the path off, for comparisons) */
+static int64_t gemm_min = 16;
+void tq_set_prompt_rows(int64_t m) { gemm_min = m < 1 ? 1 : m; }
+#define NR 4    /* weight rows per micro-kernel */
+#define KC 2048 /* weights per unpacked chunk: NR x KC int16 = 16 KiB */
+#define GMB 64  /* most activation rows per block */
+
+typedef struct {
+    /* q times its sub-block scale; vector v (weights 16v..16v+15) of row r at w + (v*NR + r)*16,
+     * so the micro-kernel reads one stream */
+    int16_t w[KC * NR];
+    float d[NR][KC / 128];     /* per flush group (256 weights; Q6_K 128): the block scale */
+    float mn[NR][KC / 256][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
+    float acc[NR][GMB][8], off[NR][GMB][8];
+} gemm_buf;
+
+#define VEC(out, v) ((__m256i *)((out) + (int64_t)(v) * NR * 16)) /* vector v of a row */
+
+/* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + 16 r), d, mn */
+static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
+                      float (*mn)[8]) {
+    const int bs = five ? 176 : 144;
+    const __m256i sixteen = _mm256_set1_epi16(16);
+    for (int64_t sb = 0; sb < nsb; sb++, w += bs) {
+        const float dmin = f16(w + 2);
+        const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
+        __m256i sc16;
+        __m256 mnv;
+        k4_scales(w + 4, &sc16, &mnv);
+        d[sb] = f16(w);
+        _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv));
+        __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+        if (five) {
+            h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qh));
+            h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
+        }
+        for (int c = 0; c < 4; c++) {
+            const __m128i b0 = _mm_loadu_si128((const __m128i *)(qs + 32 * c));
+            const __m128i b1 = _mm_loadu_si128((const __m128i *)(qs + 32 * c + 16));
+            __m256i a0 = lo16(b0), a1 = lo16(b1), c0 = hi16(b0), c1 = hi16(b1);
+            if (five) {
+                a0 = _mm256_or_si256(a0, _mm256_and_si256(_mm256_slli_epi16(
+                                             _mm256_srli_epi16(h0, 2 * c), 4), sixteen));
+                a1 = _mm256_or_si256(a1, _mm256_and_si256(_mm256_slli_epi16(
+                                             _mm256_srli_epi16(h1, 2 * c), 4), sixteen));
+                c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(
+                                             _mm256_srli_epi16(h0, 2 * c + 1), 4), sixteen));
+                c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(
+                                             _mm256_srli_epi16(h1, 2 * c + 1), 4), sixteen));
+            }
+            const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
+            const int64_t v = 16 * sb + 4 * c; /* weights 64c.. of the super-block */
+            _mm256_storeu_si256(VEC(out, v), _mm256_mullo_epi16(a0, s0));
+            _mm256_storeu_si256(VEC(out, v + 1), _mm256_mullo_epi16(a1, s0));
+            _mm256_storeu_si256(VEC(out, v + 2), _mm256_mullo_epi16(c0, s1));
+            _mm256_storeu_si256(VEC(out, v + 3), _mm256_mullo_epi16(c1, s1));
+        }
+    }
+}
+
+/* nsb super-blocks of one Q6_K row: (q - 32) times the 16-weight scale; d per half */
+static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30),
+                  k32 = _mm256_set1_epi16(32);
+    for (int64_t sb = 0; sb < nsb; sb++, w += 210) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        d[2 * sb] = d[2 * sb + 1] = f16(w + 208);
+        const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+            const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
+                                  : _mm256_permute2x128_si256(scw, scw, 0x00);
+            for (int part = 0; part < 2; part++) {
+                const int l = 16 * part;
+                __m256i A0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l)));
+                __m256i B0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+                __m256i H = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + l)));
+                __m256i v0 = _mm256_or_si256(_mm256_and_si256(A0, m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+                __m256i v1 = _mm256_or_si256(_mm256_and_si256(B0, m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+                __m256i v2 = _mm256_or_si256(_mm256_srli_epi16(A0, 4), _mm256_and_si256(H, m30));
+                __m256i v3 = _mm256_or_si256(_mm256_srli_epi16(B0, 4),
+                                             _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+                /* weights 128h + l + 32i of the super-block: vector 16 sb + 8h + part + 2i */
+                const int64_t v = 16 * sb + 8 * h + part;
+                _mm256_storeu_si256(VEC(out, v), _mm256_mullo_epi16(_mm256_sub_epi16(v0, k32), word_bcast(sch, part)));
+                _mm256_storeu_si256(VEC(out, v + 2), _mm256_mullo_epi16(_mm256_sub_epi16(v1, k32), word_bcast(sch, 2 + part)));
+                _mm256_storeu_si256(VEC(out, v + 4), _mm256_mullo_epi16(_mm256_sub_epi16(v2, k32), word_bcast(sch, 4 + part)));
+                _mm256_storeu_si256(VEC(out, v + 6), _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part)));
+            }
+        }
+    }
+}
+
+/* s[2r + i] += madd(vector j of row r, x_i[16j..]) for j < nv and the 4 rows: the inner loop in
+ * assembly because gcc 12 compiles the same C into a copy of every accumulator per step and
+ * runs 1.5x slower (measured). w: the buffer at the first vector; x0, x1: activation rows. */
+static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t *x1, int64_t nv,
+                             __m256i s[8]) {
+    __m256i s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5], s6 = s[6], s7 = s[7];
+    __m256i a0, a1, wv, t;
+    __asm__("1:\n\t"
+            "vmovdqu (%[x0]), %[a0]\n\t"
+            "vmovdqu (%[x1]), %[a1]\n\t"
+            "vmovdqu (%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s0], %[s0]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s1], %[s1]\n\t"
+            "vmovdqu 32(%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s2], %[s2]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s3], %[s3]\n\t"
+            "vmovdqu 64(%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s4], %[s4]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s5], %[s5]\n\t"
+            "vmovdqu 96(%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s6], %[s6]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s7], %[s7]\n\t"
+            "add $32, %[x0]\n\t"
+            "add $32, %[x1]\n\t"
+            "add $128, %[w]\n\t"
+            "dec %[n]\n\t"
+            "jnz 1b\n\t"
+            : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4),
+              [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [a0] "=&x"(a0), [a1] "=&x"(a1),
+              [wv] "=&x"(wv), [t] "=&x"(t), [x0] "+r"(x0), [x1] "+r"(x1), [w] "+r"(w),
+              [n] "+r"(nv)
+            :
+            : "memory", "cc");
+    s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3; s[4] = s4; s[5] = s5; s[6] = s6; s[7] = s7;
+}
+
+/* nr unpacked rows (chunk of kc weights from k0) against activation rows m and m + 1 (ma of
+ * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale);
+ * with mins (Q4_K / Q5_K) off += mn * (x sums). acc/off row mi + i: activation row m + i. */
+static void gemm_micro(gemm_buf *b, int nr, int ma, int fw, int mins, const int16_t *xq,
+                       const float *xs, const float *xsum, int64_t K, int64_t G, int64_t k0,
+                       int64_t kc, int64_t m, int64_t mi) {
+    const int nv = fw / 16;
+    for (int64_t f = 0; f < kc / fw; f++) {
+        __m256i s[2 * NR];
+        for (int i = 0; i < 2 * NR; i++)
+            s[i] = _mm256_setzero_si256();
+        const int16_t *x0 = xq + m * K + k0 + f * fw, *x1 = ma > 1 ? x0 + K : x0;
+        const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
+        if (nr == NR) {
+            micro_4x2(w, x0, x1, nv, s);
+        } else { /* the last rows of a thread's share */
+            for (int j = 0; j < nv; j++) {
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x0 + 16 * j));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x1 + 16 * j));
+                for (int r = 0; r < nr; r++) {
+                    const __m256i wv = _mm256_loadu_si256(VEC(w + 16 * r, j));
+                    s[2 * r] = _mm256_add_epi32(s[2 * r], _mm256_madd_epi16(wv, a0));
+                    s[2 * r + 1] = _mm256_add_epi32(s[2 * r + 1], _mm256_madd_epi16(wv, a1));
+                }
+            }
+        }
+        const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
+        for (int i = 0; i < ma; i++) {
+            const float xsi = xs[(m + i) * G + g];
+            for (int r = 0; r < nr; r++) {
+                float *a = b->acc[r][mi + i];
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[2 * r + i]),
+                                                    _mm256_set1_ps(b->d[r][f] * xsi),
+                                                    _mm256_loadu_ps(a)));
+                if (mins) {
+                    float *o = b->off[r][mi + i];
+                    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[r][f]),
+                                                        _mm256_loadu_ps(xsum + (m + i) * G + g),
+                                                        _mm256_loadu_ps(o)));
+                }
+            }
+        }
+    }
+}
+
+static int gemm_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+
+/* Weight rows [n0, n1) against all M activation rows (int16, quantized): y = dot + bias */
+static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
+                      const int16_t *xq, const float *xs, const float *xsum, int64_t M,
+                      int64_t K, float *y, int64_t N, const float *bias, gemm_buf *b) {
+    const int64_t G = K / 32, bb = tq_block_bytes(type);
+    const int q6 = type == T_Q6_K, fw = q6 ? 128 : 256;
+    /* a block of activation rows fills about half of L2 (512 KiB on Zen 3) */
+    int64_t mbs = 262144 / (2 * K);
+    mbs = mbs < 2 ? 2 : (mbs > GMB ? GMB : mbs & ~(int64_t)1);
+    for (int64_t mb = 0; mb < M; mb += mbs) {
+        const int64_t me = M < mb + mbs ? M : mb + mbs;
+        for (int64_t n = n0; n < n1; n += NR) {
+            const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
+            memset(b->acc, 0, sizeof b->acc);
+            memset(b->off, 0, sizeof b->off);
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                for (int r = 0; r < nr; r++) {
+                    const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
+                    if (q6)
+                        unpack_q6k(w, kc / 256, b->w + 16 * r, b->d[r]);
+                    else
+                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + 16 * r, b->d[r], b->mn[r]);
+                }
+                for (int64_t m = mb; m < me; m += 2)
+                    gemm_micro(b, nr, me - m < 2 ? 1 : 2, fw, !q6, xq, xs, xsum, K, G, k0, kc,
+                               m, m - mb);
+            }
+            for (int r = 0; r < nr; r++) {
+                const float bias_n = bias ? bias[n + r] : 0.f;
+                for (int64_t m = mb; m < me; m++) {
+                    /* finish_rows' arithmetic, off = 0 */
+                    const float out = hsum8(_mm256_add_ps(_mm256_loadu_ps(b->acc[r][m - mb]),
+                                                          _mm256_loadu_ps(b->off[r][m - mb]))) + 0.f;
+                    y[m * N + n + r] = out + bias_n;
+                }
+            }
+        }
+    }
+}
+
 int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K) {
     s->xq = aligned_alloc(64, ((M * K * 2 + 63) / 64) * 64); /* int16 or int8 */
     s->xs = malloc(sizeof(float) * M * (K / 32));
@@ -647,6 +888,16 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
     /* this thread's share of the weight rows, in tiles of <= 32 KiB that stay in cache while
      * every MR-row pass of the block goes over them */
     const int64_t n0 = N * it / nt, n1 = N * (it + 1) / nt;
+    if (bits == 16 && M >= gemm_min && gemm_type(type)) {
+        gemm_buf *b = aligned_alloc(64, (sizeof(gemm_buf) + 63) / 64 * 64);
+        if (b) {
+            gemm_rows(type, W, row_bytes, n0, n1, (const int16_t *)xq, xs, xsum, M, K, y, N,
+                      bias, b);
+            free(b);
+#pragma omp barrier
+            return;
+        }
+    }
     const int64_t tile = row_bytes >= TILE ? 1 : TILE / row_bytes;
     for (int64_t mb = 0; mb < M; mb += MB) {
         const int64_t me = M < mb + MB ? M : mb + MB;
