@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The paths: label -> extra flags for `tandem generate` (and environment variables).
 PATHS = {
     "native int16 C layers (default)": ["--weights", "native", "--activations", "int16"],
-    "native int16 C layers, row-by-row prompt kernel": ["--weights", "native", "--activations",
-                                                         "int16", "TANDEM_PROMPT_KERNEL=0"],
+    "native int16 C layers (row-by-row prompt kernel)": [
+        "--weights", "native", "--activations", "int16", "TANDEM_PROMPT_KERNEL=0"],
     "native int8 C layers": ["--weights", "native", "--activations", "int8"],
     "native int16 PyTorch layers": ["--weights", "native", "--activations", "int16",
                                     "TANDEM_NATIVE_LAYERS=0"],
