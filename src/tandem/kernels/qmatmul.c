@@ -213,6 +213,50 @@ static inline __m256i word_bcast2(__m256i v, int j, int j2) {
                                                     _mm_set1_epi16((short)(((2 * j2 + 1) << 8) | (2 * j2)))));
 }
 
+/* Chunk c (64 weights) of a Q4_K / Q5_K super-block as int16 q times its sub-block scale:
+ * v[0..3] = weights 64c + 0..15, 16..31, 32..47, 48..63. h0, h1: the fifth bits' bytes (qh)
+ * widened to int16 (Q5_K), sc16: k4_scales' scales. */
+static inline __attribute__((always_inline)) void k4_chunk(int five, const uint8_t *qs,
+                                                           __m256i h0, __m256i h1, __m256i sc16,
+                                                           int c, __m256i v[4]) {
+    const __m256i sixteen = _mm256_set1_epi16(16);
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)(qs + 32 * c));
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(qs + 32 * c + 16));
+    __m256i a0 = lo16(b0), a1 = lo16(b1), c0 = hi16(b0), c1 = hi16(b1);
+    if (five) { /* fifth bit: bit 2c of qh[l] for the low nibbles, 2c+1 for high */
+        a0 = _mm256_or_si256(a0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h0, 2 * c), 4), sixteen));
+        a1 = _mm256_or_si256(a1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h1, 2 * c), 4), sixteen));
+        c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h0, 2 * c + 1), 4), sixteen));
+        c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h1, 2 * c + 1), 4), sixteen));
+    }
+    const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
+    v[0] = _mm256_mullo_epi16(a0, s0);
+    v[1] = _mm256_mullo_epi16(a1, s0);
+    v[2] = _mm256_mullo_epi16(c0, s1);
+    v[3] = _mm256_mullo_epi16(c1, s1);
+}
+
+/* Part (0 or 1) of one half of a Q6_K super-block as int16 (q - 32) times its 16-weight scale:
+ * v[i] = weights 16 part + 32 i .. + 15 of the half. ql, qh: the half's bytes; sch: its eight
+ * scales as int16 in both lanes. (q - 32) * sc fits int16 (|.| <= 4096). */
+static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, const uint8_t *qh,
+                                                          __m256i sch, int part, __m256i v[4]) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30),
+                  k32 = _mm256_set1_epi16(32);
+    const int l = 16 * part;
+    __m256i A0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l)));
+    __m256i B0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+    __m256i H = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + l)));
+    __m256i v0 = _mm256_or_si256(_mm256_and_si256(A0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+    __m256i v1 = _mm256_or_si256(_mm256_and_si256(B0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+    __m256i v2 = _mm256_or_si256(_mm256_srli_epi16(A0, 4), _mm256_and_si256(H, m30));
+    __m256i v3 = _mm256_or_si256(_mm256_srli_epi16(B0, 4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+    v[0] = _mm256_mullo_epi16(_mm256_sub_epi16(v0, k32), word_bcast(sch, part));
+    v[1] = _mm256_mullo_epi16(_mm256_sub_epi16(v1, k32), word_bcast(sch, 2 + part));
+    v[2] = _mm256_mullo_epi16(_mm256_sub_epi16(v2, k32), word_bcast(sch, 4 + part));
+    v[3] = _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part));
+}
+
 /* One weight row (its blocks at w) against up to MR activation rows: out[m] = dot.
  * Always inlined into row_dot_1..8 (ROW_DOT_TABLE) so that mr is a constant. */
 static inline __attribute__((always_inline)) void row_dot(int type, const uint8_t *w, const acts_t *A, int mr, float *out) {
@@ -269,7 +313,6 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         /* integer sums over the whole super-block: q * sc <= 31 * 63 and |x| <= 16383, so
          * 16 madd pairs per lane stay below 2^31; one float step per 256 weights */
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
-        const __m256i sixteen = _mm256_set1_epi16(16);
         for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
             const float d = f16(w), dmin = f16(w + 2);
             const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
@@ -282,25 +325,9 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
                 h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
             }
             for (int c = 0; c < 4; c++) {
-                const __m128i b0 = _mm_loadu_si128((const __m128i *)(qs + 32 * c));
-                const __m128i b1 = _mm_loadu_si128((const __m128i *)(qs + 32 * c + 16));
-                __m256i a0 = lo16(b0), a1 = lo16(b1), c0 = hi16(b0), c1 = hi16(b1);
-                if (five) { /* fifth bit: bit 2c of qh[l] for the low nibbles, 2c+1 for high */
-                    a0 = _mm256_or_si256(a0, _mm256_and_si256(_mm256_slli_epi16(
-                                                 _mm256_srli_epi16(h0, 2 * c), 4), sixteen));
-                    a1 = _mm256_or_si256(a1, _mm256_and_si256(_mm256_slli_epi16(
-                                                 _mm256_srli_epi16(h1, 2 * c), 4), sixteen));
-                    c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(
-                                                 _mm256_srli_epi16(h0, 2 * c + 1), 4), sixteen));
-                    c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(
-                                                 _mm256_srli_epi16(h1, 2 * c + 1), 4), sixteen));
-                }
-                const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
-                a0 = _mm256_mullo_epi16(a0, s0);
-                a1 = _mm256_mullo_epi16(a1, s0);
-                c0 = _mm256_mullo_epi16(c0, s1);
-                c1 = _mm256_mullo_epi16(c1, s1);
-                DOT64(a0, a1, c0, c1, 256 * sb + 64 * c);
+                __m256i v[4];
+                k4_chunk(five, qs, h0, h1, sc16, c, v);
+                DOT64(v[0], v[1], v[2], v[3], 256 * sb + 64 * c);
             }
             FLUSH(d, 8 * sb);
             /* the offsets: -dmin * sum_j mn[j] * sum(x of group j) */
@@ -311,9 +338,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         break;
     }
     case T_Q6_K: {
-        /* (q - 32) * sc fits int16 (|.| <= 4096); 8 madd pairs per lane per half stay < 2^31 */
-        const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30),
-                      k32 = _mm256_set1_epi16(32);
+        /* 8 madd pairs per lane per half stay < 2^31 */
         for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
             const uint8_t *ql = w, *qh = w + 128;
             const int8_t *sc = (const int8_t *)(w + 192);
@@ -326,20 +351,9 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
                 /* lanes l = 0..15 and 16..31 of this half feed four groups of 32 weights */
                 for (int part = 0; part < 2; part++) {
                     const int l = 16 * part;
-                    __m256i A0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l)));
-                    __m256i B0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
-                    __m256i H = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + l)));
-                    __m256i v0 = _mm256_or_si256(_mm256_and_si256(A0, m4),
-                                                 _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-                    __m256i v1 = _mm256_or_si256(_mm256_and_si256(B0, m4),
-                                                 _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-                    __m256i v2 = _mm256_or_si256(_mm256_srli_epi16(A0, 4), _mm256_and_si256(H, m30));
-                    __m256i v3 = _mm256_or_si256(_mm256_srli_epi16(B0, 4),
-                                                 _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-                    v0 = _mm256_mullo_epi16(_mm256_sub_epi16(v0, k32), word_bcast(sch, part));
-                    v1 = _mm256_mullo_epi16(_mm256_sub_epi16(v1, k32), word_bcast(sch, 2 + part));
-                    v2 = _mm256_mullo_epi16(_mm256_sub_epi16(v2, k32), word_bcast(sch, 4 + part));
-                    v3 = _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part));
+                    __m256i q[4];
+                    q6_part(ql, qh, sch, part, q);
+                    const __m256i v0 = q[0], v1 = q[1], v2 = q[2], v3 = q[3];
                     /* weights l.., l+32.., l+64.., l+96.. of this half */
                     const int64_t o = 256 * sb + 128 * h + l;
                     for (int m = 0; m < mr; m++) {
@@ -638,7 +652,6 @@ typedef struct {
 static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
                       float (*mn)[8]) {
     const int bs = five ? 176 : 144;
-    const __m256i sixteen = _mm256_set1_epi16(16);
     for (int64_t sb = 0; sb < nsb; sb++, w += bs) {
         const float dmin = f16(w + 2);
         const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
@@ -653,33 +666,16 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
             h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
         }
         for (int c = 0; c < 4; c++) {
-            const __m128i b0 = _mm_loadu_si128((const __m128i *)(qs + 32 * c));
-            const __m128i b1 = _mm_loadu_si128((const __m128i *)(qs + 32 * c + 16));
-            __m256i a0 = lo16(b0), a1 = lo16(b1), c0 = hi16(b0), c1 = hi16(b1);
-            if (five) {
-                a0 = _mm256_or_si256(a0, _mm256_and_si256(_mm256_slli_epi16(
-                                             _mm256_srli_epi16(h0, 2 * c), 4), sixteen));
-                a1 = _mm256_or_si256(a1, _mm256_and_si256(_mm256_slli_epi16(
-                                             _mm256_srli_epi16(h1, 2 * c), 4), sixteen));
-                c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(
-                                             _mm256_srli_epi16(h0, 2 * c + 1), 4), sixteen));
-                c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(
-                                             _mm256_srli_epi16(h1, 2 * c + 1), 4), sixteen));
-            }
-            const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
-            const int64_t v = 16 * sb + 4 * c; /* weights 64c.. of the super-block */
-            _mm256_storeu_si256(VEC(out, v), _mm256_mullo_epi16(a0, s0));
-            _mm256_storeu_si256(VEC(out, v + 1), _mm256_mullo_epi16(a1, s0));
-            _mm256_storeu_si256(VEC(out, v + 2), _mm256_mullo_epi16(c0, s1));
-            _mm256_storeu_si256(VEC(out, v + 3), _mm256_mullo_epi16(c1, s1));
+            __m256i q[4];
+            k4_chunk(five, qs, h0, h1, sc16, c, q);
+            for (int i = 0; i < 4; i++) /* weights 64c + 16i.. of the super-block */
+                _mm256_storeu_si256(VEC(out, 16 * sb + 4 * c + i), q[i]);
         }
     }
 }
 
 /* nsb super-blocks of one Q6_K row: (q - 32) times the 16-weight scale; d per half */
 static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
-    const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30),
-                  k32 = _mm256_set1_epi16(32);
     for (int64_t sb = 0; sb < nsb; sb++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -689,23 +685,11 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
             const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
                                   : _mm256_permute2x128_si256(scw, scw, 0x00);
             for (int part = 0; part < 2; part++) {
-                const int l = 16 * part;
-                __m256i A0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l)));
-                __m256i B0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
-                __m256i H = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + l)));
-                __m256i v0 = _mm256_or_si256(_mm256_and_si256(A0, m4),
-                                             _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-                __m256i v1 = _mm256_or_si256(_mm256_and_si256(B0, m4),
-                                             _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-                __m256i v2 = _mm256_or_si256(_mm256_srli_epi16(A0, 4), _mm256_and_si256(H, m30));
-                __m256i v3 = _mm256_or_si256(_mm256_srli_epi16(B0, 4),
-                                             _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-                /* weights 128h + l + 32i of the super-block: vector 16 sb + 8h + part + 2i */
-                const int64_t v = 16 * sb + 8 * h + part;
-                _mm256_storeu_si256(VEC(out, v), _mm256_mullo_epi16(_mm256_sub_epi16(v0, k32), word_bcast(sch, part)));
-                _mm256_storeu_si256(VEC(out, v + 2), _mm256_mullo_epi16(_mm256_sub_epi16(v1, k32), word_bcast(sch, 2 + part)));
-                _mm256_storeu_si256(VEC(out, v + 4), _mm256_mullo_epi16(_mm256_sub_epi16(v2, k32), word_bcast(sch, 4 + part)));
-                _mm256_storeu_si256(VEC(out, v + 6), _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part)));
+                __m256i q[4];
+                q6_part(ql, qh, sch, part, q);
+                /* weights 128h + 16 part + 32i of the super-block: vector 16 sb + 8h + part + 2i */
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_si256(VEC(out, 16 * sb + 8 * h + part + 2 * i), q[i]);
             }
         }
     }
