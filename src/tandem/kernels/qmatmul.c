@@ -40,7 +40,8 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };  /* ggml type ids */
 
-#define MR 8  /* activation rows per pass over a weight row */
+#define MR 10 /* activation rows per pass over a weight row: k = 8 or 9 drafted tokens verify in
+                   * one pass (with 8, 9 rows cost an 8-row and a 1-row pass over the weights) */
 #define MB 64 /* activation rows per block of the loop over weight rows */
 #define TILE 32768 /* bytes of weight rows per tile */
 
@@ -405,10 +406,11 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
 #define ROW_DOT_TABLE(fn, acts, TABLE)                                                        \
     ROWS_FN(fn, acts, 1) ROWS_FN(fn, acts, 2) ROWS_FN(fn, acts, 3) ROWS_FN(fn, acts, 4)       \
     ROWS_FN(fn, acts, 5) ROWS_FN(fn, acts, 6) ROWS_FN(fn, acts, 7) ROWS_FN(fn, acts, 8)       \
+    ROWS_FN(fn, acts, 9) ROWS_FN(fn, acts, 10)                                                \
     static void (*const TABLE[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,       \
                                        const acts *, float *, int64_t, const float *) = {     \
         0, fn##_rows_1, fn##_rows_2, fn##_rows_3, fn##_rows_4,                                \
-        fn##_rows_5, fn##_rows_6, fn##_rows_7, fn##_rows_8}
+        fn##_rows_5, fn##_rows_6, fn##_rows_7, fn##_rows_8, fn##_rows_9, fn##_rows_10}
 
 ROW_DOT_TABLE(row_dot, acts_t, ROW_DOTS);
 
@@ -618,7 +620,7 @@ ROW_DOT_TABLE(row_dot8, acts8_t, ROW_DOTS8);
 
 /* ---- many activation rows (prompt chunks): K-quant weights unpacked once per block of rows --
  * row_dot re-derives each weight's int16 value (nibbles, fifth bit, sub-block scale) for every
- * MR = 8 activation rows, and its 8 accumulators and the weights do not fit the 16 vector
+ * MR = 10 activation rows, and its accumulators and the weights do not fit the 16 vector
  * registers (gcc spills). Here NR = 4 weight rows are unpacked once, KC weights at a time, into
  * an int16 buffer that stays in L1; a micro-kernel then runs 2 activation rows against the 4
  * rows at a time, 8 integer accumulators in registers, for every row of a block of activation
