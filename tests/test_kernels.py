@@ -124,11 +124,11 @@ def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype):
             for i in range(m):
                 one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias)
                 assert torch.equal(one[0], full[i]), (t, i)
-            kernels.set_prompt_rows(1 << 62)  # the row-by-row kernel for all 37 rows
+            was = kernels.set_prompt_rows(1 << 62)  # the row-by-row kernel for all 37 rows
             try:
                 rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias)
             finally:
-                kernels.set_prompt_rows(16)
+                kernels.set_prompt_rows(was)
             assert torch.equal(rowwise, full)
     finally:
         torch.set_num_threads(threads)

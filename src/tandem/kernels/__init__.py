@@ -96,16 +96,17 @@ def _build() -> ctypes.CDLL:
     lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.tq_forward.restype = ctypes.c_int
     lib.tq_set_prompt_rows.argtypes = [i64]
-    lib.tq_set_prompt_rows.restype = None
+    lib.tq_set_prompt_rows.restype = i64
     if os.environ.get("TANDEM_PROMPT_KERNEL", "1") == "0":  # row-by-row kernel for every M
         lib.tq_set_prompt_rows(1 << 62)
     return lib
 
 
-def set_prompt_rows(m: int) -> None:
+def set_prompt_rows(m: int) -> int:
     """Products of at least m activation rows (K-quant weights, int16 activations) take the
-    prompt kernel; the default is 16. Both kernels give the same bits; this is for comparisons."""
-    _lib_or_raise().tq_set_prompt_rows(m)
+    prompt kernel (16 unless changed); returns the previous value. Both kernels give the same
+    bits; this is for comparisons."""
+    return _lib_or_raise().tq_set_prompt_rows(m)
 
 
 def _load() -> ctypes.CDLL | None:

@@ -214,6 +214,20 @@ static inline __m256i word_bcast2(__m256i v, int j, int j2) {
                                                     _mm_set1_epi16((short)(((2 * j2 + 1) << 8) | (2 * j2)))));
 }
 
+/* The header of the Q4_K / Q5_K super-block at w: its scales and mins (k4_scales), its fifth
+ * bits' bytes widened to int16 (h0, h1; zero for Q4_K). Returns the quants. */
+static inline __attribute__((always_inline)) const uint8_t *k4_head(int five, const uint8_t *w,
+                                                                    __m256i *sc16, __m256 *mnv,
+                                                                    __m256i *h0, __m256i *h1) {
+    k4_scales(w + 4, sc16, mnv);
+    *h0 = *h1 = _mm256_setzero_si256();
+    if (five) {
+        *h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+        *h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32)));
+    }
+    return w + (five ? 48 : 16);
+}
+
 /* Chunk c (64 weights) of a Q4_K / Q5_K super-block as int16 q times its sub-block scale:
  * v[0..3] = weights 64c + 0..15, 16..31, 32..47, 48..63. h0, h1: the fifth bits' bytes (qh)
  * widened to int16 (Q5_K), sc16: k4_scales' scales. */
@@ -316,15 +330,9 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
         for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
             const float d = f16(w), dmin = f16(w + 2);
-            const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
-            __m256i sc16;
+            __m256i sc16, h0, h1;
             __m256 mnv;
-            k4_scales(w + 4, &sc16, &mnv);
-            __m256i h0 = _mm256_setzero_si256(), h1 = h0;
-            if (five) {
-                h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qh));
-                h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
-            }
+            const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &h0, &h1);
             for (int c = 0; c < 4; c++) {
                 __m256i v[4];
                 k4_chunk(five, qs, h0, h1, sc16, c, v);
@@ -634,7 +642,11 @@ ROW_DOT_TABLE(row_dot8, acts8_t, ROW_DOTS8);
 /* activation rows from which a K-quant product takes this path; tq_set_prompt_rows changes it
  * (TANDEM_PROMPT_KERNEL=0 turns the path off, for comparisons) */
 static int64_t gemm_min = 16;
-void tq_set_prompt_rows(int64_t m) { gemm_min = m < 1 ? 1 : m; }
+int64_t tq_set_prompt_rows(int64_t m) { /* returns the previous value */
+    const int64_t was = gemm_min;
+    gemm_min = m < 1 ? 1 : m;
+    return was;
+}
 #define NR 4    /* weight rows per micro-kernel */
 #define KC 2048 /* weights per unpacked chunk: NR x KC int16 = 16 KiB */
 #define GMB 64  /* most activation rows per block */
@@ -655,18 +667,11 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
                       float (*mn)[8]) {
     const int bs = five ? 176 : 144;
     for (int64_t sb = 0; sb < nsb; sb++, w += bs) {
-        const float dmin = f16(w + 2);
-        const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
-        __m256i sc16;
+        __m256i sc16, h0, h1;
         __m256 mnv;
-        k4_scales(w + 4, &sc16, &mnv);
+        const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &h0, &h1);
         d[sb] = f16(w);
-        _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv));
-        __m256i h0 = _mm256_setzero_si256(), h1 = h0;
-        if (five) {
-            h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qh));
-            h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
-        }
+        _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
         for (int c = 0; c < 4; c++) {
             __m256i q[4];
             k4_chunk(five, qs, h0, h1, sc16, c, q);

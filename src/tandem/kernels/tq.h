@@ -23,7 +23,8 @@ typedef struct {
 
 int64_t tq_block_bytes(int type);
 int tq_matmul_check(int type, int64_t K, int bits); /* 1 when tq_matmul takes these */
-void tq_set_prompt_rows(int64_t m); /* rows from which K-quant products take the prompt path */
+int64_t tq_set_prompt_rows(int64_t m); /* rows from which K-quant products take the prompt
+                                         * path; returns the previous value */
 int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K);
 void tq_scratch_free(tq_scratch *s);
 void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
