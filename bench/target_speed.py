@@ -8,6 +8,10 @@ each path's output text is the same in every run.
     python bench/target_speed.py --model default --threads 2 --runs 5 --n-predict 128 \
         --out bench/results/target-speed
 
+`--against REV` adds the default path as the source at git revision REV computes it (its `src/`
+exported to a temporary folder and put first on PYTHONPATH; its kernels build from its own C
+files), so that a change is timed against the code before it in the same turns.
+
 Writes OUT/results.json (every run's timings) and OUT/report.md.
 """
 
@@ -19,6 +23,8 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +62,24 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated labels")
+    ap.add_argument("--against", metavar="REV",
+                    help="also time the default path as git revision REV computes it")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     labels = a.paths.split(",")
+    tmp = None
+    if a.against:
+        rev = subprocess.run(["git", "rev-parse", "--short", a.against], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        tmp = tempfile.TemporaryDirectory(prefix="tandem-against-")
+        archive = Path(tmp.name) / "src.tar"
+        subprocess.run(["git", "archive", "-o", str(archive), rev, "src"], cwd=ROOT, check=True)
+        with tarfile.open(archive) as tf:
+            tf.extractall(tmp.name, filter="data")
+        label = f"native int16 C layers (at {rev})"
+        PATHS[label] = [*PATHS["native int16 C layers (default)"],
+                        f"PYTHONPATH={Path(tmp.name) / 'src'}"]
+        labels.append(label)
     runs: dict[str, list[dict]] = {lab: [] for lab in labels}
     for r in range(a.runs):
         for lab in labels:

@@ -655,14 +655,15 @@ typedef struct {
     /* q times its sub-block scale; vector v (weights 16v..16v+15) of row r at w + (v*NR + r)*16,
      * so the micro-kernel reads one stream */
     int16_t w[KC * NR];
-    float d[NR][KC / 128];     /* per flush group (256 weights; Q6_K 128): the block scale */
+    float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
     float mn[NR][KC / 256][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
     float acc[NR][GMB][8], off[NR][GMB][8];
 } gemm_buf;
 
 #define VEC(out, v) ((__m256i *)((out) + (int64_t)(v) * NR * 16)) /* vector v of a row */
 
-/* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + 16 r), d, mn */
+/* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + 16 r), d (flush group f
+ * at d[f * NR]), mn */
 static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
                       float (*mn)[8]) {
     const int bs = five ? 176 : 144;
@@ -670,7 +671,7 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
         __m256i sc16, h0, h1;
         __m256 mnv;
         const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &h0, &h1);
-        d[sb] = f16(w);
+        d[sb * NR] = f16(w);
         _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
         for (int c = 0; c < 4; c++) {
             __m256i q[4];
@@ -686,7 +687,7 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
     for (int64_t sb = 0; sb < nsb; sb++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
-        d[2 * sb] = d[2 * sb + 1] = f16(w + 208);
+        d[2 * sb * NR] = d[(2 * sb + 1) * NR] = f16(w + 208);
         const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
         for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
             const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
@@ -747,11 +748,10 @@ static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t 
 }
 
 /* nr unpacked rows (chunk of kc weights from k0) against activation rows m and m + 1 (ma of
- * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale);
- * with mins (Q4_K / Q5_K) off += mn * (x sums). acc/off row mi + i: activation row m + i. */
-static void gemm_micro(gemm_buf *b, int nr, int ma, int fw, int mins, const int16_t *xq,
-                       const float *xs, const float *xsum, int64_t K, int64_t G, int64_t k0,
-                       int64_t kc, int64_t m, int64_t mi) {
+ * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale).
+ * acc row mi + i: activation row m + i. The offsets (mins) are gemm_mins'. */
+static void gemm_micro(gemm_buf *b, int nr, int ma, int fw, const int16_t *xq, const float *xs,
+                       int64_t K, int64_t G, int64_t k0, int64_t kc, int64_t m, int64_t mi) {
     const int nv = fw / 16;
     for (int64_t f = 0; f < kc / fw; f++) {
         __m256i s[2 * NR];
@@ -773,19 +773,50 @@ static void gemm_micro(gemm_buf *b, int nr, int ma, int fw, int mins, const int1
             }
         }
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
-        for (int i = 0; i < ma; i++) {
-            const float xsi = xs[(m + i) * G + g];
+        /* row_dot's scalar products d * x scale, four weight rows per multiply (unused lanes of
+         * a partial group hold what the buffer held: never read) */
+        float ds[2][NR];
+        const __m128 d4 = _mm_loadu_ps(b->d[f]);
+        _mm_storeu_ps(ds[0], _mm_mul_ps(d4, _mm_set1_ps(xs[m * G + g])));
+        _mm_storeu_ps(ds[1], _mm_mul_ps(d4, _mm_set1_ps(xs[(m + ma - 1) * G + g])));
+        for (int i = 0; i < ma; i++)
             for (int r = 0; r < nr; r++) {
                 float *a = b->acc[r][mi + i];
                 _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[2 * r + i]),
-                                                    _mm256_set1_ps(b->d[r][f] * xsi),
+                                                    _mm256_broadcast_ss(&ds[i][r]),
                                                     _mm256_loadu_ps(a)));
-                if (mins) {
-                    float *o = b->off[r][mi + i];
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[r][f]),
-                                                        _mm256_loadu_ps(xsum + (m + i) * G + g),
-                                                        _mm256_loadu_ps(o)));
-                }
+            }
+    }
+}
+
+/* Q4_K / Q5_K offsets of the chunk's nsb super-blocks for activation rows [mb, me): off +=
+ * mn * (x sums), lane by lane in super-block order, as row_dot's offv. Separate from the flush
+ * so that each row's four sums stay in registers across the chunk. */
+static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64_t G,
+                      int64_t k0, int64_t mb, int64_t me) {
+    for (int64_t m = mb; m < me; m++) {
+        const float *xm = xsum + m * G + k0 / 32;
+        if (nr == NR) {
+            __m256 o0 = _mm256_loadu_ps(b->off[0][m - mb]), o1 = _mm256_loadu_ps(b->off[1][m - mb]),
+                   o2 = _mm256_loadu_ps(b->off[2][m - mb]), o3 = _mm256_loadu_ps(b->off[3][m - mb]);
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                const __m256 x = _mm256_loadu_ps(xm + 8 * sb);
+                o0 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[0][sb]), x, o0);
+                o1 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[1][sb]), x, o1);
+                o2 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[2][sb]), x, o2);
+                o3 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[3][sb]), x, o3);
+            }
+            _mm256_storeu_ps(b->off[0][m - mb], o0);
+            _mm256_storeu_ps(b->off[1][m - mb], o1);
+            _mm256_storeu_ps(b->off[2][m - mb], o2);
+            _mm256_storeu_ps(b->off[3][m - mb], o3);
+        } else {
+            for (int r = 0; r < nr; r++) {
+                __m256 o = _mm256_loadu_ps(b->off[r][m - mb]);
+                for (int64_t sb = 0; sb < nsb; sb++)
+                    o = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[r][sb]),
+                                        _mm256_loadu_ps(xm + 8 * sb), o);
+                _mm256_storeu_ps(b->off[r][m - mb], o);
             }
         }
     }
@@ -799,27 +830,33 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                       int64_t K, float *y, int64_t N, const float *bias, gemm_buf *b) {
     const int64_t G = K / 32, bb = tq_block_bytes(type);
     const int q6 = type == T_Q6_K, fw = q6 ? 128 : 256;
-    /* a block of activation rows fills about half of L2 (512 KiB on Zen 3) */
-    int64_t mbs = 262144 / (2 * K);
+    /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
+     * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
+     * 1536x8960 ran 10-15% slower so than with 64 rows read from L3 (one thread) */
+    int64_t mbs = 2097152 / (2 * K);
     mbs = mbs < 2 ? 2 : (mbs > GMB ? GMB : mbs & ~(int64_t)1);
     for (int64_t mb = 0; mb < M; mb += mbs) {
         const int64_t me = M < mb + mbs ? M : mb + mbs;
         for (int64_t n = n0; n < n1; n += NR) {
             const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
-            memset(b->acc, 0, sizeof b->acc);
-            memset(b->off, 0, sizeof b->off);
+            for (int r = 0; r < nr; r++) { /* the block's rows only */
+                memset(b->acc[r], 0, sizeof b->acc[r][0] * (me - mb));
+                memset(b->off[r], 0, sizeof b->off[r][0] * (me - mb));
+            }
             for (int64_t k0 = 0; k0 < K; k0 += KC) {
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
                 for (int r = 0; r < nr; r++) {
                     const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
                     if (q6)
-                        unpack_q6k(w, kc / 256, b->w + 16 * r, b->d[r]);
+                        unpack_q6k(w, kc / 256, b->w + 16 * r, &b->d[0][r]);
                     else
-                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + 16 * r, b->d[r], b->mn[r]);
+                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + 16 * r, &b->d[0][r],
+                                  b->mn[r]);
                 }
                 for (int64_t m = mb; m < me; m += 2)
-                    gemm_micro(b, nr, me - m < 2 ? 1 : 2, fw, !q6, xq, xs, xsum, K, G, k0, kc,
-                               m, m - mb);
+                    gemm_micro(b, nr, me - m < 2 ? 1 : 2, fw, xq, xs, K, G, k0, kc, m, m - mb);
+                if (!q6)
+                    gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
             }
             for (int r = 0; r < nr; r++) {
                 const float bias_n = bias ? bias[n + r] : 0.f;
@@ -882,6 +919,7 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
     if (bits == 16 && M >= gemm_min && gemm_type(type)) {
         gemm_buf *b = aligned_alloc(64, (sizeof(gemm_buf) + 63) / 64 * 64);
         if (b) {
+            memset(b->d, 0, sizeof b->d); /* a partial group of rows multiplies unused lanes */
             gemm_rows(type, W, row_bytes, n0, n1, (const int16_t *)xq, xs, xsum, M, K, y, N,
                       bias, b);
             free(b);
