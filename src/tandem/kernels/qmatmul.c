@@ -7,7 +7,7 @@
  *     w = scale * q + offset,   q small integers (Q6_K: the 16-weight sub-scales folded into q),
  *
  * so a group's contribution is scale * sum(q * x) + offset * sum(x). The activations are
- * quantized per group of 32 to int16 (scale = max|x| / 32767, error <= 1/65534 of the group's
+ * quantized per group of 32 (Q4_K / Q5_K: stored evens first, see k4_nibbles) to int16 (scale = max|x| / 32767, error <= 1/65534 of the group's
  * largest value: 128 times finer than the bf16 activations of PyTorch's int4 kernel), the
  * integer dot products run on _mm256_madd_epi16 (16 products per instruction), and everything
  * after that is float32. sum(x) uses the float values.
@@ -91,8 +91,14 @@ static inline float block_amax(const float *x, int64_t n) {
 
 #define XQ_MAX 16383.f /* 15 bits: the K-quant integer sums below stay inside int32 */
 
-/* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums */
-static void quantize_row(const float *x, int64_t K, int qb, int16_t *q, float *s, float *sum) {
+/* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums.
+ * split: each group of 32 stored as its 16 even-indexed values, then its 16 odd-indexed ones,
+ * the order in which the Q4_K / Q5_K kernels take the weights apart (k4_nibbles). */
+static void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,
+                         float *sum) {
+    /* per 128-bit lane: words 0 2 4 6 1 3 5 7 */
+    const __m256i evod = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
     for (int64_t b0 = 0; b0 < K; b0 += qb) {
         const float amax = block_amax(x + b0, qb);
         const __m256 inv = _mm256_set1_ps(amax > 0.f ? XQ_MAX / amax : 0.f);
@@ -108,6 +114,12 @@ static void quantize_row(const float *x, int64_t K, int qb, int16_t *q, float *s
             /* packs works per 128-bit lane: [a0..3 b0..3 a4..7 b4..7] -> fix the order */
             __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
             __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+            if (split) { /* [evens of p0 | odds of p0], the same for p1, then recombined */
+                const __m256i e0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p0, evod), 0xD8);
+                const __m256i e1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p1, evod), 0xD8);
+                p0 = _mm256_permute2x128_si256(e0, e1, 0x20);
+                p1 = _mm256_permute2x128_si256(e0, e1, 0x31);
+            }
             _mm256_storeu_si256((__m256i *)(q + 32 * g), p0);
             _mm256_storeu_si256((__m256i *)(q + 32 * g + 16), p1);
             float ts[8], tsum = 0.f;
@@ -214,41 +226,62 @@ static inline __m256i word_bcast2(__m256i v, int j, int j2) {
                                                     _mm_set1_epi16((short)(((2 * j2 + 1) << 8) | (2 * j2)))));
 }
 
-/* The header of the Q4_K / Q5_K super-block at w: its scales and mins (k4_scales), its fifth
- * bits' bytes widened to int16 (h0, h1; zero for Q4_K). Returns the quants. */
+/* The header of the Q4_K / Q5_K super-block at w: its scales and mins (k4_scales), its 32
+ * fifth-bit bytes (qh; zero for Q4_K). Returns the quants. */
 static inline __attribute__((always_inline)) const uint8_t *k4_head(int five, const uint8_t *w,
                                                                     __m256i *sc16, __m256 *mnv,
-                                                                    __m256i *h0, __m256i *h1) {
+                                                                    __m256i *qh) {
     k4_scales(w + 4, sc16, mnv);
-    *h0 = *h1 = _mm256_setzero_si256();
-    if (five) {
-        *h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
-        *h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32)));
-    }
+    *qh = five ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
     return w + (five ? 48 : 16);
 }
 
-/* Chunk c (64 weights) of a Q4_K / Q5_K super-block as int16 q times its sub-block scale:
- * v[0..3] = weights 64c + 0..15, 16..31, 32..47, 48..63. h0, h1: the fifth bits' bytes (qh)
- * widened to int16 (Q5_K), sc16: k4_scales' scales. */
-static inline __attribute__((always_inline)) void k4_chunk(int five, const uint8_t *qs,
-                                                           __m256i h0, __m256i h1, __m256i sc16,
-                                                           int c, __m256i v[4]) {
-    const __m256i sixteen = _mm256_set1_epi16(16);
-    const __m128i b0 = _mm_loadu_si128((const __m128i *)(qs + 32 * c));
-    const __m128i b1 = _mm_loadu_si128((const __m128i *)(qs + 32 * c + 16));
-    __m256i a0 = lo16(b0), a1 = lo16(b1), c0 = hi16(b0), c1 = hi16(b1);
-    if (five) { /* fifth bit: bit 2c of qh[l] for the low nibbles, 2c+1 for high */
-        a0 = _mm256_or_si256(a0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h0, 2 * c), 4), sixteen));
-        a1 = _mm256_or_si256(a1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h1, 2 * c), 4), sixteen));
-        c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h0, 2 * c + 1), 4), sixteen));
-        c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h1, 2 * c + 1), 4), sixteen));
+/* bit b of each int16 word of v at bit 4 (the fifth bit of a quant), other bits clear */
+static inline __attribute__((always_inline)) __m256i bit_at4(__m256i v, int b) {
+    const __m256i x = b > 4 ? _mm256_srli_epi16(v, b - 4) : _mm256_slli_epi16(v, 4 - b);
+    return _mm256_and_si256(x, _mm256_set1_epi16(16));
+}
+
+/* Chunk c (64 weights, qs bytes 32c..32c+31) of a Q4_K / Q5_K super-block as int16 quants,
+ * without widening: the 32 bytes read as 16 words, word k = bytes 2k, 2k+1, give
+ *   v[0] = low nibbles of the even bytes  = weights 2k     of sub-block 2c,
+ *   v[1] = low nibbles of the odd bytes   = weights 2k + 1 of sub-block 2c,
+ *   v[2] = high nibbles of the even bytes = weights 2k     of sub-block 2c + 1,
+ *   v[3] = high nibbles of the odd bytes  = weights 2k + 1 of sub-block 2c + 1,
+ * which is why the activations of these types are stored split (quantize_row). Q5_K: bit 2c
+ * (2c + 1) of qh byte l is the fifth bit of weight l of sub-block 2c (2c + 1). */
+static inline __attribute__((always_inline)) void k4_nibbles(int five, const uint8_t *qs,
+                                                             __m256i qh, int c, __m256i v[4]) {
+    const __m256i m4 = _mm256_set1_epi16(0x000F);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+    v[0] = _mm256_and_si256(q, m4);
+    v[1] = _mm256_and_si256(_mm256_srli_epi16(q, 8), m4);
+    v[2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    v[3] = _mm256_srli_epi16(q, 12);
+    if (five) {
+        v[0] = _mm256_or_si256(v[0], bit_at4(qh, 2 * c));
+        v[1] = _mm256_or_si256(v[1], bit_at4(qh, 8 + 2 * c));
+        v[2] = _mm256_or_si256(v[2], bit_at4(qh, 2 * c + 1));
+        v[3] = _mm256_or_si256(v[3], bit_at4(qh, 9 + 2 * c));
     }
+}
+
+/* k4_nibbles times the sub-block scales (sc16: k4_scales'), for kernels that share one chunk
+ * among several activation rows. q * sc <= 31 * 63 fits int16. */
+static inline __attribute__((always_inline)) void k4_chunk(int five, const uint8_t *qs,
+                                                           __m256i qh, __m256i sc16, int c,
+                                                           __m256i v[4]) {
+    k4_nibbles(five, qs, qh, c, v);
     const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
-    v[0] = _mm256_mullo_epi16(a0, s0);
-    v[1] = _mm256_mullo_epi16(a1, s0);
-    v[2] = _mm256_mullo_epi16(c0, s1);
-    v[3] = _mm256_mullo_epi16(c1, s1);
+    v[0] = _mm256_mullo_epi16(v[0], s0);
+    v[1] = _mm256_mullo_epi16(v[1], s0);
+    v[2] = _mm256_mullo_epi16(v[2], s1);
+    v[3] = _mm256_mullo_epi16(v[3], s1);
+}
+
+/* sub-block scale j (word j of sc16's lanes) as an int32 in every lane */
+static inline __m256i dword_bcast(__m256i sc16, int j) {
+    return _mm256_shuffle_epi8(sc16, _mm256_set1_epi32((int)(0x80800000u | ((2u * j + 1) << 8) | (2u * j))));
 }
 
 /* Part (0 or 1) of one half of a Q6_K super-block as int16 (q - 32) times its 16-weight scale:
@@ -330,13 +363,28 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
         for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
             const float d = f16(w), dmin = f16(w + 2);
-            __m256i sc16, h0, h1;
+            __m256i sc16, qh;
             __m256 mnv;
-            const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &h0, &h1);
+            const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
             for (int c = 0; c < 4; c++) {
                 __m256i v[4];
-                k4_chunk(five, qs, h0, h1, sc16, c, v);
-                DOT64(v[0], v[1], v[2], v[3], 256 * sb + 64 * c);
+                if (mr <= 2) { /* the scale after the sums: two 32-bit multiplies per row
+                                * instead of four 16-bit ones per chunk (same integers) */
+                    k4_nibbles(five, qs, qh, c, v);
+                    const __m256i s0 = dword_bcast(sc16, 2 * c), s1 = dword_bcast(sc16, 2 * c + 1);
+                    for (int m = 0; m < mr; m++) {
+                        const __m256i *xq = (const __m256i *)(A->q + m * A->K + 256 * sb + 64 * c);
+                        const __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(v[0], _mm256_loadu_si256(xq)),
+                                                            _mm256_madd_epi16(v[1], _mm256_loadu_si256(xq + 1)));
+                        const __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(v[2], _mm256_loadu_si256(xq + 2)),
+                                                            _mm256_madd_epi16(v[3], _mm256_loadu_si256(xq + 3)));
+                        isum[m] = _mm256_add_epi32(isum[m], _mm256_add_epi32(_mm256_mullo_epi32(p0, s0),
+                                                                             _mm256_mullo_epi32(p1, s1)));
+                    }
+                } else {
+                    k4_chunk(five, qs, qh, sc16, c, v);
+                    DOT64(v[0], v[1], v[2], v[3], 256 * sb + 64 * c);
+                }
             }
             FLUSH(d, 8 * sb);
             /* the offsets: -dmin * sum_j mn[j] * sum(x of group j) */
@@ -668,15 +716,15 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
                       float (*mn)[8]) {
     const int bs = five ? 176 : 144;
     for (int64_t sb = 0; sb < nsb; sb++, w += bs) {
-        __m256i sc16, h0, h1;
+        __m256i sc16, qh;
         __m256 mnv;
-        const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &h0, &h1);
+        const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
         d[sb * NR] = f16(w);
         _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
         for (int c = 0; c < 4; c++) {
             __m256i q[4];
-            k4_chunk(five, qs, h0, h1, sc16, c, q);
-            for (int i = 0; i < 4; i++) /* weights 64c + 16i.. of the super-block */
+            k4_chunk(five, qs, qh, sc16, c, q);
+            for (int i = 0; i < 4; i++) /* in the order of the split activations */
                 _mm256_storeu_si256(VEC(out, 16 * sb + 4 * c + i), q[i]);
         }
     }
@@ -905,7 +953,8 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) {
         if (bits == 16)
-            quantize_row(x + m * K, K, qb, (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
+            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K,
+                         (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
         else
             quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
                           bs + m * (K / 16));
