@@ -7,10 +7,11 @@
  *     w = scale * q + offset,   q small integers (Q6_K: the 16-weight sub-scales folded into q),
  *
  * so a group's contribution is scale * sum(q * x) + offset * sum(x). The activations are
- * quantized per group of 32 (Q4_K / Q5_K: stored evens first, see k4_nibbles) to int16 (scale = max|x| / 32767, error <= 1/65534 of the group's
- * largest value: 128 times finer than the bf16 activations of PyTorch's int4 kernel), the
- * integer dot products run on _mm256_madd_epi16 (16 products per instruction), and everything
- * after that is float32. sum(x) uses the float values.
+ * quantized to int16 per block of 32 (K-quants: 256) with scale max|x| / 16383 (error <=
+ * 1/32766 of the block's largest value: 64 times finer than the bf16 activations of PyTorch's
+ * int4 kernel; Q4_K / Q5_K store them split, see k4_nibbles), the integer dot products run on
+ * _mm256_madd_epi16 (16 products per instruction), and everything after that is float32.
+ * sum(x) uses the float values.
  *
  * Each output element is computed by the same sequence of operations whatever the number of
  * rows M, the other rows, or the thread count: results are batch-invariant bit for bit, so a
