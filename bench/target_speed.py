@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def main() -> int:
                   f"decode {t['predicted_per_second']:.2f} tok/s", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    cmd = shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     (out / "results.json").write_text(json.dumps(
         {"command": f"python {cmd}", "model": a.model, "threads": a.threads,
          "n_predict": a.n_predict, "runs": runs}, indent=1))
