@@ -307,7 +307,7 @@ static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, con
 }
 
 /* One weight row (its blocks at w) against up to MR activation rows: out[m] = dot.
- * Always inlined into row_dot_1..8 (ROW_DOT_TABLE) so that mr is a constant. */
+ * Always inlined into the row loops for mr = 1..MR (ROW_DOT_TABLE) so that mr is a constant. */
 static inline __attribute__((always_inline)) void row_dot(int type, const uint8_t *w, const acts_t *A, int mr, float *out) {
     __m256 acc[MR], offv[MR];
     __m256i isum[MR];
@@ -459,7 +459,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         case T_Q6_K: ROW_LOOP(fn, T_Q6_K, mr) break;                                          \
         }                                                                                     \
     }
-/* fn_rows_1 .. fn_rows_8 and TABLE[mr] */
+/* fn_rows_1 .. fn_rows_10 (MR) and TABLE[mr] */
 #define ROW_DOT_TABLE(fn, acts, TABLE)                                                        \
     ROWS_FN(fn, acts, 1) ROWS_FN(fn, acts, 2) ROWS_FN(fn, acts, 3) ROWS_FN(fn, acts, 4)       \
     ROWS_FN(fn, acts, 5) ROWS_FN(fn, acts, 6) ROWS_FN(fn, acts, 7) ROWS_FN(fn, acts, 8)       \
@@ -681,12 +681,12 @@ ROW_DOT_TABLE(row_dot8, acts8_t, ROW_DOTS8);
  * registers (gcc spills). Here NR = 4 weight rows are unpacked once, KC weights at a time, into
  * an int16 buffer that stays in L1; a micro-kernel then runs 2 activation rows against the 4
  * rows at a time, 8 integer accumulators in registers, for every row of a block of activation
- * rows that stays in L2.
+ * rows (up to 64 rows within 2 MiB: L2, or L3 for long rows).
  * Each output element gets exactly row_dot's result bit for bit: lane j of each integer sum
- * holds the same products (16 consecutive weights per vector, words 2j and 2j + 1), integer
- * sums do not depend on their order, and the float steps (one fma per 256 weights, Q6_K per
- * 128, then the same lane sum) are the same operations in the same order. So rows stay
- * batch-invariant whichever path a call takes. */
+ * holds the same products (a vector's 16 weights in the order of the activations, words 2j
+ * and 2j + 1), integer sums do not depend on their order, and the float steps (one fma per 256
+ * weights, Q6_K per 128, then the same lane sum) are the same operations in the same order. So
+ * rows stay batch-invariant whichever path a call takes. */
 
 /* activation rows from which a K-quant product takes this path; tq_set_prompt_rows changes it
  * (TANDEM_PROMPT_KERNEL=0 turns the path off, for comparisons) */
@@ -701,8 +701,9 @@ int64_t tq_set_prompt_rows(int64_t m) { /* returns the previous value */
 #define GMB 64  /* most activation rows per block */
 
 typedef struct {
-    /* q times its sub-block scale; vector v (weights 16v..16v+15) of row r at w + (v*NR + r)*16,
-     * so the micro-kernel reads one stream */
+    /* q times its sub-block scale; vector v (the weights of activations 16v..16v+15 as they
+     * are stored: split for Q4_K / Q5_K) of row r at w + (v*NR + r)*16, so the micro-kernel
+     * reads one stream */
     int16_t w[KC * NR];
     float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
     float mn[NR][KC / 256][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
@@ -822,8 +823,8 @@ static void gemm_micro(gemm_buf *b, int nr, int ma, int fw, const int16_t *xq, c
             }
         }
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
-        /* row_dot's scalar products d * x scale, four weight rows per multiply (unused lanes of
-         * a partial group hold what the buffer held: never read) */
+        /* row_dot's scalar products d * x scale, four weight rows per multiply (the unused lanes
+         * of a partial group hold zero or an earlier group's scale: multiplied, never read) */
         float ds[2][NR];
         const __m128 d4 = _mm_loadu_ps(b->d[f]);
         _mm_storeu_ps(ds[0], _mm_mul_ps(d4, _mm_set1_ps(xs[m * G + g])));
@@ -881,7 +882,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
     const int q6 = type == T_Q6_K, fw = q6 ? 128 : 256;
     /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
      * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
-     * 1536x8960 ran 10-15% slower so than with 64 rows read from L3 (one thread) */
+     * 1536x8960 ran 10-15% slower than with 64 rows read from L3 (one thread) */
     int64_t mbs = 2097152 / (2 * K);
     mbs = mbs < 2 ? 2 : (mbs > GMB ? GMB : mbs & ~(int64_t)1);
     for (int64_t mb = 0; mb < M; mb += mbs) {
