@@ -1,8 +1,7 @@
 """scripts/speculative-benchmark.py against a scripted llama.cpp-style server.
 
 The client runs as a subprocess under `python -I -S`: isolated and without site-packages, so a
-third-party import would fail. FakeServer and run_client are reused by test_compare.py; a test
-against a live `tandem serve` only needs run_client(url, ...).
+third-party import would fail (bench_helpers.run_client; FakeServer is the scripted server).
 """
 
 from __future__ import annotations
@@ -11,71 +10,11 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speculative-benchmark.py"
-
-Answer = Callable[[dict], tuple[int, object]]
-
-
-class FakeServer:
-    """A /completion server on 127.0.0.1 whose answers come from `answer(body) -> (status, json)`.
-
-    `received` keeps every /completion request body, in order. /health and /props answer with
-    the given (status, json) pairs.
-    """
-
-    def __init__(self, answer: Answer, health=(200, {"status": "ok"}), props=(404, None)) -> None:
-        self.received: list[dict] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                routes = {"/health": health, "/props": props}
-                self.reply(*routes.get(self.path, (404, {"error": {"message": "not found"}})))
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.received.append(body)
-                self.reply(*answer(body))
-
-            def reply(self, status: int, payload: object) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> FakeServer:
-        thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-        thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def run_client(
-    url: str, output: Path, *args: str, label: str = "run"
-) -> subprocess.CompletedProcess[str]:
-    """Run the benchmark client as a user would, isolated from site-packages."""
-    command = [sys.executable, "-I", "-S", str(SCRIPT), "--label", label, "--output", str(output),
-               "--url", url, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+from .bench_helpers import SCRIPT, FakeServer, run_client, write_prompts
 
 
 def completion(content: str = "def f():\n    pass\n", n: int = 8, ms: float = 80.0) -> dict:
@@ -86,11 +25,6 @@ def completion(content: str = "def f():\n    pass\n", n: int = 8, ms: float = 80
         "timings": {"prompt_n": 30, "prompt_ms": 12.0, "predicted_n": n, "predicted_ms": ms,
                     "predicted_per_second": 1000 * n / ms},
     }
-
-
-def write_prompts(path: Path, lines: list[str]) -> Path:
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess, code: int, *phrases: str) -> None:

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench import compare
-from tandem.bench import run as bench
+from tandem import flags
 from tandem.errors import TandemError
+from tandem.measure import bench, compare, plan, ranking, servers, sidebyside
+from tandem.server import cli as serve_cli
 
 from . import tiny
-from .test_compare import bench_file, request
+from .bench_helpers import bench_file, request
 
 PROMPTS = [
     {"task": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick"},
@@ -155,14 +156,14 @@ def test_configurations_with_unequal_work_are_listed_but_not_ranked(tmp_path):
     for name, (wall, content) in variants.items():
         reqs = [request("a", 1, wall, content=content), request("b", 1, wall, content="same")]
         cand = compare.load_run(bench_file(tmp_path / f"{name}.json", name, reqs), name)
-        variant = bench.Variant(name, "ngram-simple")
+        variant = plan.Variant(name, "ngram-simple")
         entries.append((variant, cand, compare.compare_runs(base, cand)))
 
-    rows = bench.ranking(entries)
+    rows = ranking.ranking(entries)
     assert [(r["name"], r["rank"]) for r in rows] == [("fast", 1), ("slow", 2), ("wrong", None)]
     assert rows[0]["speedup"] == pytest.approx(2.0 / 0.8)
     assert rows[2]["speedup"] is None and "a: content differs" in rows[2]["reasons"][0]
-    text = bench.render_ranking(rows)
+    text = ranking.render_ranking(rows)
     assert "not comparable" in text and "wrong: not comparable: a: content differs" in text
 
 
@@ -191,10 +192,10 @@ def test_ctrl_c_stops_the_server(models, tmp_path, monkeypatch, capsys):
     seen = []
 
     def interrupted(command, server):
-        seen.append((server, server._health()))
+        seen.append((server, server.health()))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench, "run_client", interrupted)
+    monkeypatch.setattr(servers, "run_client", interrupted)
     assert bench.run(bench_args(*quick(models, tmp_path, PROMPTS, "--spec-type", "none"))) == 130
     [(server, health)] = seen
     assert health == 200  # it was serving when the interrupt came
@@ -218,7 +219,7 @@ def no_server(*args) -> None:
     (["--prompts", "BAD"], "prompts.jsonl:1: not valid JSON"),
 ])
 def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, phrase):
-    monkeypatch.setattr(bench, "measure_interleaved", no_server)
+    monkeypatch.setattr(servers, "measure_interleaved", no_server)
     bad = tmp_path / "prompts.jsonl"
     bad.write_text("{not json\n", encoding="utf-8")
     argv = [str(bad) if a == "BAD" else a for a in argv]
@@ -228,7 +229,7 @@ def test_bad_flags_fail_before_any_server_starts(tmp_path, monkeypatch, argv, ph
 
 
 def test_results_are_never_written_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "measure_interleaved", no_server)
+    monkeypatch.setattr(servers, "measure_interleaved", no_server)
     out = tmp_path / "out"
     out.mkdir()
     (out / "baseline.json").write_text("{}", encoding="utf-8")
@@ -237,8 +238,58 @@ def test_results_are_never_written_over(tmp_path, monkeypatch):
     assert (out / "baseline.json").read_text(encoding="utf-8") == "{}"
 
 
+def test_each_server_gets_the_bench_settings_under_tandem_serves_own_flags(tmp_path):
+    args = bench_args("--model", "t.gguf", "--model-draft", "d.gguf", "--sweep",
+                      "--ctx-size", "300", "--threads", "2", "--dtype", "float32",
+                      "--weights", "dense", "--activations", "int8", "--spec-draft-n-min", "3",
+                      "--spec-draft-p-min", "0.5", "--spec-draft-window", "64",
+                      "--spec-ngram-size-m", "5", "--out-dir", str(tmp_path / "out"))
+    p = plan.make_plan(args)
+    parser = flags.Parser(prog="tandem serve")
+    serve_cli.add_arguments(parser)
+
+    def served(name: str):
+        variant = next(v for v in p.variants if v.name == name)
+        command = servers.serve_command(p, variant, 8123)
+        assert command[:len(servers.SERVE)] == servers.SERVE
+        ns = parser.parse_args(command[len(servers.SERVE):])  # what `tandem serve` will read
+        return command, ns, flags.engine_config(ns), flags.spec_config(ns)
+
+    command, ns, engine, spec = served("draft-n2")
+    assert (ns.model, ns.model_draft, ns.host, ns.port) == ("t.gguf", "d.gguf", "127.0.0.1", 8123)
+    assert (engine.ctx_size, engine.n_parallel, engine.n_threads) == (300, 1, 2)
+    assert (engine.dtype, engine.weights, engine.activations) == ("float32", "dense", "int8")
+    assert spec.types == ["draft-simple"]
+    # the sweep's n-max 2, with n-min lowered to fit it; the other settings as given
+    assert (spec.n_max, spec.n_min, spec.p_min, spec.draft_window) == (2, 2, 0.5, 64)
+    assert "--api-key" not in command and "--passes" not in command  # bench-only flags stay
+
+    command, ns, engine, spec = served("ngram")
+    assert ns.model_draft is None and "--model-draft" not in command  # nothing to load
+    assert (spec.types, spec.ngram_m, spec.n_min) == (["ngram-simple"], 5, 3)
+    assert served("auto")[3].adaptive
+
+
+def test_report_without_matplotlib_skips_the_plot_and_says_so(tmp_path, monkeypatch, capsys,
+                                                              no_matplotlib):
+    def measured(p, todo):  # the client files of a finished run, without any server
+        walls = {"baseline": 1.0, "candidate": 0.5}
+        return [Path(bench_file(p.out_dir / f"{v.name}.json", v.name,
+                                [request("a", r, walls[v.name]) for r in (0, 1)])) for v in todo]
+
+    monkeypatch.setattr(servers, "measure_interleaved", measured)
+    out = tmp_path / "out"
+    assert bench.run(bench_args("--spec-type", "ngram-simple", "--out-dir", str(out))) == 0
+    err = capsys.readouterr().err
+    assert "tandem bench: skipped speedup.png: matplotlib is not installed " \
+           "(pip install 'tandem[plot]')" in err.splitlines()
+    assert {p.name for p in out.iterdir()} >= {"report.md", "report.json", "command.txt"}
+    assert not (out / "speedup.png").exists()
+    assert load(out / "report.json")["overall"]["speedup"] == pytest.approx(2.0)
+
+
 def test_client_is_found_in_the_source_tree():
-    client = bench.find_client(None)
+    client = plan.find_client(None)
     assert client.name == "speculative-benchmark.py" and client.is_file()
 
 
@@ -301,7 +352,7 @@ def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
 
     runs = [run("baseline", [2.5, 2.6]), run("candidate", [1.6, 1.1], ("a", "other")),
             run("llama-none", [2.0, 2.2], prompt_ms=250.0, prompt_n=50)]
-    rows = {r["name"]: r for r in bench.side_by_side(runs)}
+    rows = {r["name"]: r for r in sidebyside.side_by_side(runs)}
     cand = rows["candidate"]
     assert cand["vs_llama_alone"] == pytest.approx(2.1 / 1.35)  # medians of the pass totals
     assert cand["range"] == pytest.approx((2.0 / 1.6, 2.2 / 1.1))  # pass by pass
@@ -311,6 +362,6 @@ def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
     assert rows["llama-none"]["same_text_as_tandem"] == 2
     assert rows["llama-none"]["prompt_tokens_per_second"] == pytest.approx(200.0)
     assert cand["prompt_tokens_per_second"] is None  # not reported: shown as "-"
-    text = bench.side_by_side_markdown(bench.side_by_side(runs))
+    text = sidebyside.side_by_side_markdown(sidebyside.side_by_side(runs))
     assert "| candidate (candidate.json) | 1.35 (1.10-1.60) | 1.56x (1.25-2.00) | - | 20.0 |" in text
     assert "| llama-none (llama-none.json) | 2.10 (2.00-2.20) | 1.00x (1.00-1.00) | 200.0 |" in text

@@ -15,10 +15,10 @@ import time
 from collections import Counter
 
 import pytest
-from matplotlib.image import imread
+from tandem import cli
+from tandem.measure import compare
 
-from tandem.bench import compare
-from .test_bench_client import FakeServer, run_client, write_prompts
+from .bench_helpers import FakeServer, bench_file, request, run_client, write_prompts
 
 TASKS = ("code-edit", "summary", "story")
 # per call: index 0 is the warm-up pass, which must never reach the figures
@@ -66,8 +66,8 @@ def test_end_to_end_with_the_benchmark_client(tmp_path, capsys):
         CAND_MS, {**same, "summary": "output of summary, but not the same\n"},
         {"code-edit": 10, "summary": 10, "story": 12}, drafts=True))
     out_json, out_md, out_png = (tmp_path / f"report.{ext}" for ext in ("json", "md", "png"))
-    code = compare.main([base, cand, "--json", str(out_json), "--markdown", str(out_md),
-                         "--plot", str(out_png)])
+    code = cli.main(["compare", base, cand, "--json", str(out_json), "--markdown", str(out_md),
+                     "--plot", str(out_png)])
     assert code == 0
     stdout = capsys.readouterr().out
     report = json.loads(out_json.read_text())
@@ -125,22 +125,11 @@ def test_end_to_end_with_the_benchmark_client(tmp_path, capsys):
     assert f"{edit['speedup']:.2f}x" in md_rows["code-edit"]
     assert "- story: not comparable: tokens_predicted differs" in out_md.read_text()
 
+    from matplotlib.image import imread  # the plot extra, which the test extra includes
+
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = imread(out_png).shape
     assert height > 100 and width > 100
-
-
-def request(task: str, p: int, wall_s: float, ms: float = 100.0, n: int = 10, content: str = "x",
-            stop_type: str = "limit", **timings) -> dict:
-    return {"task": task, "pass": p, "wall_s": wall_s, "tokens_predicted": n,
-            "stop_type": stop_type, "content": content, "truncated": False, "tokens_evaluated": 5,
-            "timings": {"predicted_ms": ms, "predicted_n": n, "predicted_per_second": 1000 * n / ms,
-                        **timings}}
-
-
-def bench_file(path, label: str, requests: list[dict]) -> str:
-    path.write_text(json.dumps({"format": "tandem-bench-1", "label": label, "requests": requests}))
-    return str(path)
 
 
 def compare_files(tmp_path, base: list[dict], cand: list[dict]) -> dict:
@@ -235,20 +224,36 @@ def test_bad_input_file_is_a_clear_error(tmp_path, capsys, content, phrase):
     bad = tmp_path / "bad.json"
     if content is not None:
         bad.write_text(content)
-    assert compare.main([good, str(bad)]) == 2
+    assert cli.main(["compare", good, str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: candidate file '{bad}'")
+    assert err.startswith(f"tandem: error: candidate file '{bad}'")
     assert phrase in err
 
 
-def test_module_entry_point_reports_without_traceback(tmp_path):
+def test_command_line_reports_without_traceback(tmp_path):
     good = bench_file(tmp_path / "good.json", "good", [request("a", 1, 1.0)])
-    command = [sys.executable, "-m", "tandem.bench.compare"]
+    command = [sys.executable, "-m", "tandem.cli", "compare"]
     proc = subprocess.run([*command, str(tmp_path / "x.json"), good],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: baseline file") and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("tandem: error: baseline file")
+    assert "Traceback" not in proc.stderr
     proc = subprocess.run([*command, good, good],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "1.00x (1.00-1.00)" in proc.stdout
+
+
+def test_plot_without_matplotlib_is_a_clear_error_before_any_output(tmp_path, capsys,
+                                                                     no_matplotlib):
+    good = bench_file(tmp_path / "good.json", "good", [request("a", 1, 1.0)])
+    out_md, out_png = tmp_path / "report.md", tmp_path / "speedup.png"
+    code = cli.main(["compare", good, good, "--markdown", str(out_md), "--plot", str(out_png)])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("tandem: error: --plot needs matplotlib, which is not installed: "
+                            "pip install 'tandem[plot]'\n")
+    assert captured.out == "" and not out_md.exists() and not out_png.exists()
+    # without --plot the comparison needs no matplotlib
+    assert cli.main(["compare", good, good, "--markdown", str(out_md)]) == 0
+    assert "1.00x (1.00-1.00)" in capsys.readouterr().out and out_md.exists()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import pytest
 
-from tandem.spec.compat import (
+from tandem.speculative.compat import (
     SPEC_VOCAB_CHECK_START_TOKEN_ID,
     SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
     check_compatible,
@@ -108,18 +107,8 @@ def test_rules_apply_in_llama_cpp_order():
     assert check_compatible(Vocab(), dataclasses.replace(bad, vocab_type="gpt2")).rule == "bos"
 
 
-@lru_cache(maxsize=None)
-def real_gguf(name: str):
-    """A named real model's GGUFFile, opened once per test session (parsing the metadata of a
-    150k-token vocabulary takes over ten seconds); test_memory shares it."""
-    from tandem.models.gguf_file import GGUFFile
-    from tandem.registry import pull
-
-    return GGUFFile(pull(name, quiet=True))
-
-
 @pytest.fixture(scope="module")
-def real_tokenizers():
+def real_tokenizers(real_gguf):
     """Tokenizers of the default target, default draft and SmolLM2."""
     from tandem.tokenizer import Tokenizer
 

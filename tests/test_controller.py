@@ -6,9 +6,8 @@ import pytest
 
 from tandem.config import EngineConfig, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request
-from tandem.spec.controller import AcceptanceTracker, Controller, CostModel
+from tandem.speculative.controller import AcceptanceTracker, Controller, CostModel
 
-from .test_engine import models  # noqa: F401  (module fixture: tiny target and drafts)
 
 
 def costs(verify: dict[int, float], draft: float | None = None) -> CostModel:
@@ -83,7 +82,7 @@ def test_interpolated_verify_cost():
     assert costs({1: 1.0}).verify_time(2) is None
 
 
-def test_auto_keeps_greedy_output_and_stops_drafting_when_it_cannot_pay(models):  # noqa: F811
+def test_auto_keeps_greedy_output_and_stops_drafting_when_it_cannot_pay(models):
     target, _, other = models
     base = Engine(target, None, EngineConfig(ctx_size=512), SpecConfig(types=["none"]))
     spec = SpecConfig(types=["auto"], n_max=4, p_min=0.0)

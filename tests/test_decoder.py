@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem.config import Numerics
 from tandem.models.decoder import KVCache
 from tandem.models.loader import load_model
 
 from . import tiny
 
 TOL = 1e-4
+F32 = Numerics(dtype="float32")
 
 
 def _ours(m, ids: list[int], chunk: int | None = None) -> torch.Tensor:
@@ -38,7 +40,7 @@ def pair(request, tmp_path_factory):
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_logits_match_transformers(pair, source):
     arch, ref, d = pair
-    m = load_model(d / "hf" if source == "hf" else d / "model.gguf", dtype="float32")
+    m = load_model(d / "hf" if source == "hf" else d / "model.gguf", F32)
     assert m.args.arch == arch and m.dtype == torch.float32
     ids = [5, 17, 42, 99, 3, 250, 7, 8, 9, 10, 11, 120]
     with torch.no_grad():
@@ -53,7 +55,7 @@ def test_logits_match_transformers(pair, source):
 def test_tied_embeddings_gguf(tmp_path):
     ref = tiny.hf_model("qwen2", seed=2, tie_word_embeddings=True)
     path = tiny.write_gguf(ref, tmp_path / "tied.gguf", "qwen2")
-    m = load_model(path, dtype="float32")
+    m = load_model(path, F32)
     assert m.args.tie_embeddings
     ids = [1, 2, 3, 4, 200]
     with torch.no_grad():
@@ -65,7 +67,7 @@ def test_batched_rows_equal_single_rows(pair):
     """Several slots in one forward pass, and several rows of one slot, give bit for bit the
     logits each token gets when decoded alone (greedy answers depend on it)."""
     _, _, d = pair
-    m = load_model(d / "model.gguf", dtype="float32")
+    m = load_model(d / "model.gguf", F32)
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [100, 101, 102, 103, 104, 105, 106, 107]]
     cache = KVCache(m.args, 3, 64, m.dtype)
     for s, p in enumerate(prompts):

@@ -12,24 +12,9 @@ import pytest
 from tandem.config import EngineConfig, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request
 from tandem.errors import TandemError
-from tandem.models.loader import load_model
 
-from . import tiny
 
 GREEDY = dict(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("engine")
-    target = load_model(tiny.write_gguf(tiny.hf_model("qwen2", seed=3), d / "t.gguf", "qwen2"),
-                        dtype="float32", max_len=600)
-    draft = load_model(tiny.write_gguf(tiny.hf_model("qwen2", seed=3), d / "d.gguf", "qwen2"),
-                       dtype="float32", max_len=600)
-    # an unrelated draft: a different model, so drafts are often rejected
-    other = load_model(tiny.write_gguf(tiny.hf_model("qwen2", seed=9), d / "o.gguf", "qwen2"),
-                       dtype="float32", max_len=600)
-    return target, draft, other
 
 
 def engine(models, types: str, draft="same", n_parallel=1, **spec) -> Engine:
@@ -75,16 +60,28 @@ def test_greedy_speculation_equals_target_alone(models, types, draft):
         assert accepted == drafted  # an identical draft is always right under greedy
 
 
-def test_statistics_add_up(models):
-    e = engine(models, "draft-simple", "other", n_max=4, p_min=0.0)
-    seq = e.generate(Request([5, 6, 7, 8], SamplingParams(n_predict=40, ignore_eos=True, **GREEDY)))
+@pytest.mark.parametrize("draft", ["same", "other"])
+def test_statistics_add_up(models, draft):
+    e = engine(models, "draft-simple", draft, n_max=4, p_min=0.0)
+    seq = e.add(Request([5, 6, 7, 8], SamplingParams(n_predict=40, ignore_eos=True, **GREEDY)))
+    iterations = 0
+    while not seq.done:
+        e.step()
+        iterations += 1
+    e.release(seq)
     s = seq.stats
     assert s.n_drafts > 0 and s.n_drafted >= s.n_accepted
+    if draft == "same":  # always right under greedy: several tokens per iteration
+        assert s.n_accepted == s.n_drafted > 0 and iterations < 40
+    else:  # an unrelated model: mostly wrong
+        assert s.n_drafted > s.n_accepted
     assert sum(s.accepted_per_pos) == s.n_accepted
     assert sum(s.drafted_per_pos) == s.n_drafted
     assert s.drafted_per_pos[0] == s.n_drafts
-    # every iteration yields accepted + 1 tokens; without drafts, one token
-    assert len(seq.output) <= s.n_accepted + s.n_drafts + (40 - s.n_drafts)
+    # every iteration yields its accepted tokens + 1 (the target's own); drafts never run past
+    # n_predict, so no iteration is cut short
+    assert len(seq.output) == 40 == s.n_accepted + iterations
+    assert sum(seq.from_draft) == s.n_accepted
     t = seq.timings()
     assert t["draft_n"] == s.n_drafted and t["draft_n_accepted"] == s.n_accepted
     assert t["predicted_n"] == 40
@@ -97,13 +94,13 @@ def test_n_predict_eos_and_stop_word(models):
     seq = e.generate(Request([5, 6, 7], SamplingParams(n_predict=7, **GREEDY)))
     assert len(seq.output) == 7 and seq.stop_type == "limit"
     text = tok.decode(seq.output)
-    assert seq.content == text
+    assert seq.text == text
     # a stop string cut from the greedy text stops there, and is not returned
     word = text[3:6]
     assert word
     seq2 = e.generate(Request([5, 6, 7], SamplingParams(n_predict=7, stop=[word], **GREEDY)))
     assert seq2.stop_type == "word" and seq2.stopping_word == word
-    assert seq2.content == text[: text.find(word)]
+    assert seq2.text == text[: text.find(word)]
     seq3 = e.generate(Request([5, 6, 7], SamplingParams(n_predict=0, **GREEDY)))
     assert seq3.output == [] and seq3.stop_type == "limit"
 
@@ -121,7 +118,7 @@ def test_eos_ends_generation_unless_ignored(models):
             assert seq.output == [40, eos, 41] and not seq.done
         else:
             assert seq.output == [40, eos] and seq.stop_type == "eos"
-            assert seq.content == tok.decode([40])  # the EOS text is not part of the answer
+            assert seq.text == tok.decode([40])  # the EOS text is not part of the answer
             assert seq.from_draft == [True, True]
 
 
@@ -130,7 +127,7 @@ def test_streamed_text_equals_final_content(models):
     pieces: list[str] = []
     seq = e.generate(Request([9, 10, 11, 9, 10], SamplingParams(n_predict=30, **GREEDY)),
                      on_text=pieces.append)
-    assert "".join(pieces) == seq.content
+    assert "".join(pieces) == seq.text
 
 
 def test_seeded_sampling_repeats(models):
@@ -199,7 +196,7 @@ def test_draft_vocabulary_shortlist(models):
     (exactly the full projection's values there), proposes only among them, and the output is
     still the target's."""
     from tandem.models.decoder import KVCache
-    from tandem.spec.draft import DraftModelProposer, Shortlist
+    from tandem.speculative.draft import DraftModelProposer, Shortlist
 
     target, same, _ = models
     short = Shortlist(same.model.output, 100, same.args.vocab_size)

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from tandem import kernels
-from tandem.config import EngineConfig, SamplingParams, SpecConfig
+from tandem.config import EngineConfig, Numerics, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request
 from tandem.errors import TandemError
 from tandem.models.decoder import KVCache
@@ -38,7 +38,7 @@ def qmodel_path(request, tmp_path_factory):
 
 
 def _load(path, bits: str = "int16"):
-    return load_model(path, mode="native", activations=bits, max_len=128)
+    return load_model(path, Numerics(weights="native", activations=bits), max_len=128)
 
 
 def _logits(m, ids: list[int], chunk: int, native: bool) -> torch.Tensor:
@@ -120,7 +120,7 @@ def test_draft_shortlist_reads_rows_of_the_blocks(qmodel_path):
     """The draft's vocabulary shortlist (--spec-draft-vocab) on GGUF blocks: a prefix of the
     output matrix's rows in place and a copy of the few extra rows give exactly the full
     projection's values at those ids."""
-    from tandem.spec.draft import Shortlist
+    from tandem.speculative.draft import Shortlist
 
     m = _load(qmodel_path, "int8")
     short = Shortlist(m.model.output, 64, m.args.vocab_size)

@@ -1,4 +1,4 @@
-"""The native kernels (tandem/kernels/qmatmul.c) against the gguf package and float64 math.
+"""The native kernels (tandem/kernels/) against the gguf package and float64 math.
 
 matmul's error model: weights exact; each activation x is rounded to the int16 grid of its
 block (s = max|x| / 16383 over 256 values for the K-quants, 32 for the others), so
@@ -8,6 +8,7 @@ error far below that. Hence |y - x.w| <= sum_k |w_k| s_k / 2 (1 + 1e-3) + 1e-5 s
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 
@@ -18,8 +19,10 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
 
 from tandem import kernels
+from tandem.config import Numerics
+from tandem.errors import TandemError
+from tandem.models.loader import resolve_mode
 from tandem.models.gguf_file import RawTensor
-from tandem.models.linear import wide_gemm
 from tandem.models.quant import GGUFEmbedding, GGUFLinear, make_linear
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
@@ -56,9 +59,10 @@ def _bound(x: torch.Tensor, w: torch.Tensor, block: int, bits: int = 16) -> torc
 
 
 @pytest.mark.parametrize("qtype", SIMPLE + K_QUANTS)
-def test_dequantize_equals_gguf_bit_for_bit(qtype):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dequantize_equals_gguf_bit_for_bit(qtype, threads):
     raw = _tensor(qtype, 24, 512)
-    ours = kernels.dequantize(qtype.name, raw.data, 24, 512)
+    ours = kernels.dequantize(qtype.name, raw.data, 24, 512, threads=threads)
     ref = gguf_quants.dequantize(raw.data, qtype).reshape(24, 512)
     assert np.array_equal(ours.numpy(), ref)
 
@@ -90,18 +94,15 @@ def test_rows_are_batch_invariant_bit_for_bit(qtype, bits):
     n, k = 64, 512
     raw = _tensor(qtype, n, k)
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(3))
-    full = kernels.matmul(qtype.name, raw.data, n, k, x, bits=bits)
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            for i in range(13):
-                one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bits=bits)
-                assert torch.equal(one[0], full[i])
-            assert torch.equal(kernels.matmul(qtype.name, raw.data, n, k, x[2:7], bits=bits),
-                               full[2:7])
-    finally:
-        torch.set_num_threads(threads)
+    full = kernels.matmul(qtype.name, raw.data, n, k, x, bits=bits, threads=2)
+    for t in (1, 2):
+        assert torch.equal(kernels.matmul(qtype.name, raw.data, n, k, x, bits=bits, threads=t),
+                           full)
+        for i in range(13):
+            one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bits=bits, threads=t)
+            assert torch.equal(one[0], full[i]), (t, i)
+        assert torch.equal(kernels.matmul(qtype.name, raw.data, n, k, x[2:7], bits=bits,
+                                          threads=t), full[2:7])
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS)
@@ -110,28 +111,26 @@ def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype):
     a 4 x 2 micro-kernel). Its rows must be the 1-row products exactly, or a prompt would fill
     the cache with other values than decoding the same tokens. 37 rows (an odd last row), 42
     weight rows (a partial group of 4 in each thread's share), K = 2304 (two unpacked chunks),
-    a bias, one and two threads; and still within the rounding bound of the exact product."""
+    a bias, one and two threads; and still within the rounding bound of the exact product.
+    prompt_rows moves the threshold: the prompt kernel for every product (1) or none (1 << 62)."""
     n, k, m = 42, 2304, 37
     raw = _tensor(qtype, n, k, seed=5)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
     x[:, 7] *= 40
     bias = torch.randn(n, generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            full = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias)
-            for i in range(m):
-                one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias)
-                assert torch.equal(one[0], full[i]), (t, i)
-            was = kernels.set_prompt_rows(1 << 62)  # the row-by-row kernel for all 37 rows
-            try:
-                rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias)
-            finally:
-                kernels.set_prompt_rows(was)
-            assert torch.equal(rowwise, full)
-    finally:
-        torch.set_num_threads(threads)
+    assert m >= kernels.PROMPT_ROWS
+    for t in (1, 2):
+        full = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias, threads=t)
+        for i in range(m):
+            one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias, threads=t)
+            assert torch.equal(one[0], full[i]), (t, i)
+        rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias, threads=t,
+                                 prompt_rows=1 << 62)  # the row-by-row kernel for all 37 rows
+        assert torch.equal(rowwise, full)
+        for rows in (slice(0, 1), slice(3, 6)):  # a few rows through the prompt kernel
+            few = kernels.matmul(qtype.name, raw.data, n, k, x[rows], bias=bias, threads=t,
+                                 prompt_rows=1)
+            assert torch.equal(few, full[rows]), (t, rows)
     w = torch.from_numpy(gguf_quants.dequantize(raw.data, qtype).reshape(n, k)).double()
     exact = x.double() @ w.T + bias.double()
     assert ((full.double() - exact).abs() <= _bound(x.double(), w, 256)).all()
@@ -147,6 +146,54 @@ def test_zero_and_tiny_activations():
     assert torch.allclose(y.double(), x.double() @ w.T, rtol=1e-3, atol=0)
 
 
+def test_a_wrong_ctypes_mirror_is_refused_naming_the_field(monkeypatch):
+    """The ctypes structs of __init__.py are checked against the C layout (tq_layout) at load:
+    a field at another offset or of another size, a field C lacks, a C field the mirror lacks,
+    or another struct size makes the library unusable, and the reason names the field."""
+    layout = kernels._c_layout(kernels._load())
+    assert layout["tq_model"][1] == ctypes.sizeof(kernels._Model)
+    assert kernels._layout_error(layout) is None
+
+    def model(change):  # _Model's fields with one changed
+        fields = change(list(kernels._Model._fields_))
+        return type("BadModel", (ctypes.Structure,), {"_fields_": fields})
+
+    wider_eps = model(lambda f: [(n, ctypes.c_double if n == "eps" else t) for n, t in f])
+    swapped = model(lambda f: [f[1], f[0]] + f[2:])  # dim first, n_layers second
+    eps_last = model(lambda f: [x for x in f if x[0] != "eps"] + [("eps", ctypes.c_float)])
+    no_prompt_rows = model(lambda f: [x for x in f if x[0] != "prompt_rows"])
+    extra = model(lambda f: f + [("spare", ctypes.c_int64)])
+    eps, cos = layout["tq_model.eps"][0], layout["tq_model.cos"][0]
+    cases = [(wider_eps, ["tq_model.eps", f"offset {eps} (size 4) in C",
+                          f"offset {eps} (size 8) in the ctypes mirror BadModel"]),
+             (swapped, ["tq_model.dim", "offset 8 (size 8) in C", "offset 0 (size 8) in the"]),
+             (eps_last, ["tq_model.cos", f"offset {cos} (size 8) in C"]),
+             (no_prompt_rows, ["tq_model.prompt_rows", "missing from the ctypes mirror"]),
+             (extra, ["tq_model.spare", "not a field of tq_model in C"])]
+    for wrong, words in cases:
+        msg = kernels._layout_error(layout, [(wrong, "tq_model")])
+        assert msg is not None and all(w in msg for w in words), (msg, words)
+    # a struct size alone (C padding the mirror lacks)
+    padded = {**layout, "tq_linear": (0, layout["tq_linear"][1] + 8)}
+    assert "sizeof tq_linear is 48 in C but 40" in kernels._layout_error(padded)
+    # and loading refuses the library: unusable, the reason says which field
+    monkeypatch.setattr(kernels, "_MIRRORS", ((kernels._Linear, "tq_linear"),
+                                              (kernels._Layer, "tq_layer"),
+                                              (no_prompt_rows, "tq_model")))
+    with pytest.raises(OSError, match=r"tq_model\.prompt_rows"):
+        kernels._build()
+
+
+def test_every_kernel_type_has_a_block_size(monkeypatch):
+    """Loading checks choices.KERNEL_TYPES against tq_block_bytes: a type id the C code does not
+    know makes the library unusable."""
+    lib = kernels._load()
+    assert all(lib.tq_block_bytes(i) > 0 for i in kernels.KERNEL_TYPES.values())
+    monkeypatch.setattr(kernels, "KERNEL_TYPES", {**kernels.KERNEL_TYPES, "Q2_K": 10})
+    with pytest.raises(OSError, match="Q2_K = 10"):
+        kernels._build()
+
+
 def test_gguf_linear_bias_batch_shape_and_prefill_path():
     raw = _tensor(QT.Q6_K, 48, 512)
     bias = torch.randn(48)
@@ -157,9 +204,11 @@ def test_gguf_linear_bias_batch_shape_and_prefill_path():
     assert y.shape == (2, 3, 48) and y.dtype == torch.float32
     ref = torch.nn.functional.linear(x.double(), w.double(), bias.double())
     assert (y.double() - ref).abs().max() < 1e-3 * ref.abs().max()
-    with wide_gemm():  # prefill: float32 GEMM over the exact weights
-        yw = lin(x)
+    yw = lin(x, wide=True)  # prefill: float32 GEMM over the exact weights
     assert torch.allclose(yw, torch.nn.functional.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    # the draft's vocabulary shortlist: some output rows, in place or copied, same bits
+    assert torch.equal(lin.rows(slice(0, 10))(x), y[..., :10])
+    assert torch.equal(lin.rows([5, 40, 2])(x), y[..., [5, 40, 2]])
 
 
 def test_embedding_rows_and_make_linear_native_mode():
@@ -173,9 +222,19 @@ def test_embedding_rows_and_make_linear_native_mode():
     assert not isinstance(make_linear(f32, torch.float32, "native"), GGUFLinear)  # stays dense
 
 
-def test_kernels_can_be_switched_off_and_auto_falls_back():
-    code = ("from tandem import kernels; from tandem.models.loader import resolve_mode;"
-            "print(kernels.available(), kernels.unavailable_reason(), resolve_mode('auto'))")
-    env = {"TANDEM_KERNELS": "0", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.stdout.split() == ["False", "disabled", "by", "TANDEM_KERNELS=0", "int4"], out.stderr
+def test_switches_are_read_from_the_environment_by_the_config_alone():
+    """TANDEM_KERNELS=0 (and the other two switches) reach the numerics through EngineConfig;
+    the kernels module itself still builds, and --weights auto then means int4."""
+    code = ("from tandem import kernels; from tandem.config import EngineConfig;"
+            "from tandem.models.loader import resolve_mode; c = EngineConfig();"
+            "print(kernels.available(), c.kernels, c.prompt_kernel, c.native_layers,"
+            " resolve_mode(c.numerics()))")
+    for env, want in (({"TANDEM_KERNELS": "0"}, "True False True True int4"),
+                      ({"TANDEM_PROMPT_KERNEL": "0", "TANDEM_NATIVE_LAYERS": "0"},
+                       "True True False False native"),
+                      ({}, "True True True True native")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", **env})
+        assert out.stdout.split() == want.split(), out.stderr
+    with pytest.raises(TandemError, match="switched off"):
+        resolve_mode(Numerics(weights="native", kernels=False))

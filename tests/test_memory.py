@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.memory import (
     TORCH_RUNTIME_BYTES,
@@ -22,6 +23,14 @@ from tandem.memory import (
     working_bytes,
 )
 from tandem.models.args import ModelArgs
+
+
+def _plan(models, ctx_size=256, n_parallel=1, max_k=0, mode="auto", dtype="auto", *,
+          prefill_chunk=512, available=None):
+    """memory.plan for the settings a command line gives (EngineConfig)."""
+    cfg = EngineConfig(ctx_size=ctx_size, n_parallel=n_parallel, weights=mode, dtype=dtype,
+                       prefill_chunk=prefill_chunk)
+    return plan(models, cfg, max_k, available=available)
 
 ARGS = ModelArgs(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160,
                  vocab_size=100)  # head_dim 16
@@ -55,20 +64,20 @@ def test_untied_output_adds_a_matrix_and_tied_adds_nothing():
 
 def test_plan_rows_follow_mode_and_dtype():
     spec = ModelSpec("target", ARGS, TENSORS, "t.gguf")
-    p = plan([spec], 256, 1, 4, "int4", "auto", available=10**9)
+    p = _plan([spec], 256, 1, 4, "int4", "auto", available=10**9)
     assert p.rows[0].weights == INT4_BF16
     assert "int4" in p.rows[0].held_as
     # float32 compute means dense, whatever the mode asked
-    p32 = plan([spec], 256, 1, 4, "int4", "float32", available=10**9)
+    p32 = _plan([spec], 256, 1, 4, "int4", "float32", available=10**9)
     assert p32.rows[0].weights == weight_bytes(TENSORS, "dense", 4)
     assert p32.rows[0].held_as == "dense float32"
     # a file whose tensors are all F32 loads in float32 under dtype auto
     f32 = {k: ("F32", shape) for k, (_, shape) in TENSORS.items()}
-    pf = plan([ModelSpec("target", ARGS, f32)], 256, 1, 4, "int4", "auto", available=10**9)
+    pf = _plan([ModelSpec("target", ARGS, f32)], 256, 1, 4, "int4", "auto", available=10**9)
     assert pf.rows[0].held_as == "dense float32"
-    assert pf.rows[0].kv_cache == 2 * plan([spec], 256, 1, 4, "int4", available=10**9).rows[0].kv_cache
+    assert pf.rows[0].kv_cache == 2 * _plan([spec], 256, 1, 4, "int4", available=10**9).rows[0].kv_cache
     # a Hugging Face directory is dense even in int4 mode
-    hf = plan([ModelSpec("target", ARGS, TENSORS, source="hf")], 256, available=10**9)
+    hf = _plan([ModelSpec("target", ARGS, TENSORS, source="hf")], 256, available=10**9)
     assert hf.rows[0].weights == weight_bytes(TENSORS, "dense", 2)
 
 
@@ -83,7 +92,7 @@ def test_native_weights_count_their_file_bytes():
     # untied: the embedding is read row by row (not counted), output.weight in place
     untied = dict(TENSORS, **{"output.weight": ("Q6_K", (100, 64))})
     assert weight_bytes(untied, "native", 4) == native - 100 * 64 * in_file["Q4_K"] + 100 * 64 * in_file["Q6_K"]
-    p = plan([ModelSpec("target", ARGS, TENSORS, "t.gguf")], 256, 1, 4, "native", available=10**9)
+    p = _plan([ModelSpec("target", ARGS, TENSORS, "t.gguf")], 256, 1, 4, "native", available=10**9)
     assert p.rows[0].held_as == "GGUF blocks in place + float32"
     assert p.rows[0].kv_cache == kv_cache_bytes(ARGS, 256, 1, 4, 4)
 
@@ -113,7 +122,7 @@ def test_working_buffer_arithmetic():
     # cannot read)
     assert largest_layer_weight(TENSORS) == 160 * 64
     odd = dict(TENSORS, **{"blk.0.attn_v.weight": ("Q2_K", (32, 64))})
-    p = plan([ModelSpec("target", ARGS, odd)], 1000, 2, 4, "native", prefill_chunk=64,
+    p = _plan([ModelSpec("target", ARGS, odd)], 1000, 2, 4, "native", prefill_chunk=64,
              available=10**9)
     assert p.rows[0].working == expected + 4 * 160 * 64
     # every layer weight native: the layers run in C (forward.c) and hold, per chunk row,
@@ -126,11 +135,11 @@ def test_working_buffer_arithmetic():
     c_expected = (4 * (2 * 5 * 100 + 1005 * 16) + VOCAB_ENTRY_BYTES * 100
                   + 4 * (math.ceil(64 * per_row) + scores))
     assert c_layer_bytes(ARGS, 1000, 2, 4, 64, threads=2) == c_expected
-    p = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "native", prefill_chunk=64,
+    p = _plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "native", prefill_chunk=64,
              available=10**9)
     assert p.rows[0].working == c_layer_bytes(ARGS, 1000, 2, 4, 64)
     assert p.rows[0].working < expected  # no score matrix, nothing expanded
-    dense32 = plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "dense", "float32", prefill_chunk=64,
+    dense32 = _plan([ModelSpec("target", ARGS, TENSORS)], 1000, 2, 4, "dense", "float32", prefill_chunk=64,
                    available=10**9)
     assert dense32.rows[0].working == expected
 
@@ -138,22 +147,22 @@ def test_working_buffer_arithmetic():
 def test_totals_fits_and_table():
     t = ModelSpec("target", ARGS, TENSORS, "big.gguf")
     d = ModelSpec("draft", ARGS, TENSORS, "small.gguf")
-    p = plan([t, d], 1000, 2, 4, available=10**9)
+    p = _plan([t, d], 1000, 2, 4, available=10**9)
     assert p.total == sum(r.weights + r.kv_cache + r.working for r in p.rows) + TORCH_RUNTIME_BYTES
     assert p.fits
     text = p.format()
     assert "target big.gguf" in text and "draft small.gguf" in text
     assert "PyTorch runtime" in text and "fits: yes" in text
-    short = plan([t, d], 1000, 2, 4, available=p.total - 1)
+    short = _plan([t, d], 1000, 2, 4, available=p.total - 1)
     assert not short.fits
     assert "fits: NO" in short.format() and "short" in short.format()
     # more slots need more KV cache
-    assert plan([t], 1000, 4, 4, available=1).rows[0].kv_cache == 2 * plan(
+    assert _plan([t], 1000, 4, 4, available=1).rows[0].kv_cache == 2 * _plan(
         [t], 1000, 2, 4, available=1).rows[0].kv_cache
 
 
 @pytest.mark.parametrize("kwargs, word", [
-    (dict(mode="int8"), "weight mode"),
+    (dict(mode="int8"), "weights"),
     (dict(dtype="float16"), "dtype"),
     (dict(ctx_size=0), "ctx-size"),
     (dict(n_parallel=0), "parallel"),
@@ -163,11 +172,11 @@ def test_bad_settings_are_named(kwargs, word):
     args = dict(ctx_size=256, n_parallel=1, max_k=4, mode="int4", dtype="auto")
     args.update(kwargs)
     with pytest.raises(TandemError, match=word):
-        plan([ModelSpec("target", ARGS, TENSORS)], available=1, **args)
+        _plan([ModelSpec("target", ARGS, TENSORS)], available=1, **args)
 
 
 def test_available_memory_reads_meminfo():
-    avail, source = available_memory("cpu")
+    avail, source = available_memory()
     assert source == "MemAvailable"
     with open("/proc/meminfo") as f:
         total = next(int(x.split()[1]) for x in f if x.startswith("MemTotal:")) * 1024
@@ -196,6 +205,7 @@ def test_plan_matches_what_the_loader_holds(tmp_path, arch, tie):
     import gguf
 
     from tandem.models.gguf_file import GGUFFile
+    from tandem.config import Numerics
     from tandem.models.loader import args_from_gguf, load_model
 
     from .tiny import hf_model, write_gguf
@@ -205,22 +215,20 @@ def test_plan_matches_what_the_loader_holds(tmp_path, arch, tie):
     g = GGUFFile(path)
     spec = ModelSpec.from_gguf("target", g, args_from_gguf(g))
     for mode, dtype in (("int4", "bfloat16"), ("dense", "bfloat16"), ("dense", "float32")):
-        p = plan([spec], 64, 1, 0, mode, dtype, available=1)
-        loaded = load_model(str(path), dtype=dtype, max_len=65, mode=mode)
+        p = _plan([spec], 64, 1, 0, mode, dtype, available=1)
+        loaded = load_model(str(path), Numerics(weights=mode, dtype=dtype), max_len=65)
         assert p.rows[0].weights == _held_bytes(loaded.model), (mode, dtype)
 
 
 @pytest.mark.real
-def test_default_pair_plan_is_plausible():
+def test_default_pair_plan_is_plausible(real_gguf):
     from tandem.models.loader import args_from_gguf
-
-    from .test_compat import real_gguf
 
     g = real_gguf("default")
     spec = ModelSpec.from_gguf("target", g, args_from_gguf(g))
     file_size = g.path.stat().st_size
-    p = plan([spec], 4096, 1, 8, "int4", "auto", available=1)
-    dense = plan([spec], 4096, 1, 8, "dense", "bfloat16", available=1)
+    p = _plan([spec], 4096, 1, 8, "int4", "auto", available=1)
+    dense = _plan([spec], 4096, 1, 8, "dense", "bfloat16", available=1)
     n_params = sum(math.prod(shape) for _, shape in spec.tensors.values())
     assert dense.rows[0].weights == pytest.approx(2 * n_params, rel=0.01)
     # int4 keeps the Q4_K matrices at 5 bits, but the embedding, the Q6_K output projection

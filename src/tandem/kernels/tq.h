@@ -1,5 +1,11 @@
-/* What qmatmul.c and forward.c share: matrix products callable inside an OpenMP team, and a
- * lane sum. */
+/* The kernels' interface: matrix products straight on GGUF blocks, callable alone (tq_matmul) or
+ * inside an OpenMP team (tq_matmul_team, as forward.c does), dequantization, whole decoder
+ * layers (tq_forward) and the layout of their structs (tq_layout, checked by the ctypes mirror
+ * in __init__.py), plus a lane sum.
+ *
+ * Files: blocks.h (internal: block layouts and weight unpacking), activations.c (activation
+ * rounding), rowdot16.c / rowdot8.c (the row-by-row kernels, int16 / int8 activations), gemm.c
+ * (the prompt kernel), matmul.c (the OpenMP driver), dequant.c, forward.c (decoder layers). */
 #ifndef TQ_H
 #define TQ_H
 #include <immintrin.h>
@@ -21,12 +27,50 @@ typedef struct {
     int16_t *bs;
 } tq_scratch;
 
-int64_t tq_block_bytes(int type);
+int64_t tq_block_bytes(int type); /* bytes per block of a ggml type id; 0: not taken here */
 int tq_matmul_check(int type, int64_t K, int bits); /* 1 when tq_matmul takes these */
-int64_t tq_set_prompt_rows(int64_t m); /* rows from which K-quant products take the prompt
-                                         * path; returns the previous value */
 int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K);
 void tq_scratch_free(tq_scratch *s);
+/* prompt_rows: products of at least this many rows (K-quant weights, int16 activations) take
+ * the prompt kernel (gemm.c), fewer the row-by-row kernels; both give the same bits */
+int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+              float *y, const float *bias, int nthreads, int bits, int64_t prompt_rows);
 void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-                    float *y, const float *bias, int bits, const tq_scratch *s);
+                    float *y, const float *bias, int bits, const tq_scratch *s,
+                    int64_t prompt_rows);
+int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, int nthreads);
+
+/* ---- whole decoder layers (forward.c); mirrored by _Linear, _Layer, _Model in __init__.py -- */
+
+typedef struct {
+    int64_t type, N, K;
+    const uint8_t *W;
+    const float *bias; /* N values or NULL */
+} tq_linear;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* dim values each */
+    tq_linear wq, wk, wv, wo, gate, up, down;
+} tq_layer;
+
+typedef struct {
+    int64_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, rope_len;
+    int64_t rope_interleaved, bits;
+    int64_t prompt_rows; /* tq_matmul's, for every product */
+    float eps;
+    const float *cos, *sin; /* (rope_len, head_dim / 2) */
+    const tq_layer *layers;
+} tq_model;
+
+int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_t max_len,
+               float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads);
+
+/* One entry of tq_layout: a struct ("tq_model": offset 0, its sizeof) or one of its fields
+ * ("tq_model.dim": offsetof, sizeof). */
+typedef struct {
+    const char *name;
+    int64_t offset, size;
+} tq_field;
+
+const tq_field *tq_layout(void); /* every struct above and its fields; ends with name NULL */
 #endif

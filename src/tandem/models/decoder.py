@@ -6,14 +6,14 @@ position, and returns logits for every input position: verification needs all k+
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import kernels
+from ..config import Numerics
 from .args import ModelArgs
-from .linear import WIDE_MIN_ROWS, row_invariant, wide_gemm
+from .linear import WIDE_MIN_ROWS
 
 
 class KVCache:
@@ -92,10 +92,11 @@ class Block(nn.Module):
     def forward(self, x: Tensor, layer: int, cache: KVCache, ctx: "StepContext") -> Tensor:
         a = self.args
         B, T, _ = x.shape
+        how = dict(wide=ctx.wide, rowwise=ctx.rowwise)  # the pass's GEMM path (linear.py)
         h = rms_norm(x, self.attn_norm, a.norm_eps).to(ctx.dtype)
-        q = self.wq(h).view(B, T, a.n_heads, a.head_dim)
-        k = self.wk(h).view(B, T, a.n_kv_heads, a.head_dim)
-        v = self.wv(h).view(B, T, a.n_kv_heads, a.head_dim)
+        q = self.wq(h, **how).view(B, T, a.n_heads, a.head_dim)
+        k = self.wk(h, **how).view(B, T, a.n_kv_heads, a.head_dim)
+        v = self.wv(h, **how).view(B, T, a.n_kv_heads, a.head_dim)
         q = apply_rope(q, ctx.cos, ctx.sin, a.rope_interleaved).to(cache.k.dtype)
         k = apply_rope(k, ctx.cos, ctx.sin, a.rope_interleaved).to(cache.k.dtype)
         kc, vc = cache.k[layer], cache.v[layer]  # (S, Hkv, max_len, D)
@@ -117,9 +118,9 @@ class Block(nn.Module):
                 vals = vc[ctx.slots_t, :, : ctx.kv_len]
             o = F.scaled_dot_product_attention(qt, keys, vals, attn_mask=ctx.mask, enable_gqa=True)
         o = o.transpose(1, 2).reshape(B, T, a.n_heads * a.head_dim).to(ctx.dtype)
-        x = x + self.wo(o).float()
+        x = x + self.wo(o, **how).float()
         h = rms_norm(x, self.ffn_norm, a.norm_eps).to(ctx.dtype)
-        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)).float()
+        return x + self.w_down(F.silu(self.w_gate(h, **how)) * self.w_up(h, **how), **how).float()
 
 
 def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int) -> Tensor:
@@ -153,13 +154,15 @@ def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext") -> Ten
 
 
 class StepContext:
-    """Positions, mask and rope rows shared by every layer of one forward pass."""
+    """Positions, mask, rope rows and the GEMM path (linear.py: wide, rowwise) shared by every
+    layer of one forward pass."""
 
     def __init__(self, model: "Transformer", slots: list[int], starts: list[int], T: int,
-                 rowwise: bool = False) -> None:
+                 rowwise: bool = False, wide: bool = False) -> None:
         dev = model.cos.device
         self.slots, self.starts = slots, starts
         self.rowwise = rowwise and (len(slots) > 1 or T > 1)
+        self.wide = wide
         self.dtype = model.dtype
         self.slots_t = torch.tensor(slots, device=dev)
         starts_t = torch.tensor(starts, device=dev)
@@ -177,10 +180,13 @@ class StepContext:
 
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs, tok_embeddings: Tensor, blocks: list[Block],
-                 norm: Tensor, output: nn.Module, max_len: int, dtype: torch.dtype) -> None:
+                 norm: Tensor, output: nn.Module, max_len: int, dtype: torch.dtype,
+                 numerics: Numerics | None = None) -> None:
         super().__init__()
         self.args = args
         self.dtype = dtype  # activations entering the linears
+        self.numerics = Numerics() if numerics is None else numerics
+        self.threads = self.numerics.thread_count  # the native layers' OpenMP team
         self.tok_embeddings = tok_embeddings  # (V, dim)
         self.layers = nn.ModuleList(blocks)
         self.norm = norm
@@ -205,35 +211,33 @@ class Transformer(nn.Module):
         if native is not None:  # every layer in one C call (kernels/forward.c)
             rows = [s for s in slots for _ in range(T)]
             pos = [st + t for st in starts for t in range(T)]
-            x = native.forward(x.view(B * T, -1), cache.k, cache.v, rows, pos).view(B, T, -1)
+            x = native.forward(x.view(B * T, -1), cache.k, cache.v, rows, pos,
+                               threads=self.threads).view(B, T, -1)
             if logits == "none":
                 return None
         else:
             # decode and verification rows must not depend on the batch around them: rowwise
-            ctx = StepContext(self, slots, starts, T, rowwise=logits == "all")
-            with wide_gemm(wide), row_invariant(ctx.rowwise):
-                for i, layer in enumerate(self.layers):
-                    x = layer(x, i, cache, ctx)
+            ctx = StepContext(self, slots, starts, T, rowwise=logits == "all", wide=wide)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, i, cache, ctx)
             if logits == "none":
                 return None
-        with row_invariant(logits == "all" and B * T > 1):
-            if logits in ("last", "hidden"):
-                x = x[:, -1]
-            x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
-            if logits == "hidden":  # the caller projects onto (some of) the vocabulary itself
-                return x.float()
-            return self.output(x).float()
+        if logits in ("last", "hidden"):
+            x = x[:, -1]
+        x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
+        if logits == "hidden":  # the caller projects onto (some of) the vocabulary itself
+            return x.float()
+        return self.output(x, rowwise=logits == "all" and B * T > 1).float()
 
     def native_layers(self, cache: KVCache):
         """The C path for all layers (kernels.NativeLayers) if this model and cache can take it,
-        else None. TANDEM_NATIVE_LAYERS=0 keeps the per-layer PyTorch path (for comparisons)."""
+        else None. Numerics.native_layers off keeps the per-layer PyTorch path (comparisons)."""
         if self._native is False:
-            from .. import kernels
-
             self._native = None
-            if os.environ.get("TANDEM_NATIVE_LAYERS", "1") != "0":
+            if self.numerics.native_layers:
                 self._native = kernels.NativeLayers.from_model(
-                    self.args, list(self.layers), self.cos, self.sin)
+                    self.args, list(self.layers), self.cos, self.sin,
+                    prompt_rows=kernels.prompt_rows(self.numerics.prompt_kernel))
         if self._native is None or cache.k.dtype != torch.float32 or cache.v.dtype != torch.float32:
             return None
         if not (cache.k.is_contiguous() and cache.v.is_contiguous()):

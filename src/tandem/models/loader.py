@@ -11,15 +11,16 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .. import kernels
+from ..config import Numerics
 from ..errors import ModelFileError, TandemError
 from .args import ModelArgs
 from .decoder import Block, Transformer
-from .linear import Dense
 from .gguf_file import GGUFFile
+from .linear import Dense
 
 SUPPORTED_ARCHS = ("qwen2", "llama")
-WEIGHT_MODES = ("auto", "native", "int4", "dense")
-ACTIVATION_BITS = {"int16": 16, "int8": 8}  # native kernels: activation rounding per block
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # choices.DTYPES but auto
 
 
 @dataclass(slots=True)
@@ -89,30 +90,42 @@ def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
     )
 
 
-def _pick_dtype(requested: str, float_file: bool) -> torch.dtype:
-    if requested == "float32":
-        return torch.float32
-    if requested == "bfloat16":
-        return torch.bfloat16
-    # auto: a float32 file (tests, references) stays exact; quantized/half files run in bf16
-    return torch.float32 if float_file else torch.bfloat16
-
-
-def resolve_mode(mode: str) -> str:
-    """"auto" -> "native" where the native kernels build and load here, else "int4"."""
-    from .. import kernels
-
+def resolve_mode(numerics: Numerics) -> str:
+    """The weights' form: "auto" -> "native" where the native kernels are switched on and
+    build and load here, else "int4"."""
+    mode = numerics.weights
+    usable = numerics.kernels and kernels.available()
     if mode == "auto":
-        return "native" if kernels.available() else "int4"
-    if mode == "native" and not kernels.available():
-        raise TandemError(f"--weights native: native kernels unavailable "
-                          f"({kernels.unavailable_reason()})")
+        return "native" if usable else "int4"
+    if mode == "native" and not usable:
+        why = kernels.unavailable_reason() if numerics.kernels else "switched off (TANDEM_KERNELS=0)"
+        raise TandemError(f"--weights native: native kernels unavailable ({why})")
     return mode
+
+
+def weight_form(numerics: Numerics, float_file: bool, source: str = "gguf") -> tuple[str, str]:
+    """(how the 2-D weights are held, the compute dtype's name): the one home of these rules,
+    which the memory plan follows too.
+
+    The form is resolve_mode's, except that a Hugging Face directory, and float32 compute
+    outside native mode (the int4 kernel takes bf16 activations), hold dense weights. dtype
+    "auto": float32 in native mode (the kernels take float32 activations: no bf16 rounding
+    anywhere on that path) and for a file whose tensors are all float32 (tests, references),
+    else bfloat16.
+    """
+    mode = "dense" if source == "hf" else resolve_mode(numerics)
+    dtype = numerics.dtype
+    if dtype == "auto":
+        dtype = "float32" if mode == "native" or float_file else "bfloat16"
+    if mode != "native" and dtype == "float32":
+        mode = "dense"
+    return mode, dtype
 
 
 def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
            linear: Callable[[str], torch.nn.Module], dtype: torch.dtype, max_len: int,
-           names: dict[str, str], embedding: Callable[[str], object] | None = None) -> Transformer:
+           names: dict[str, str], numerics: Numerics,
+           embedding: Callable[[str], object] | None = None) -> Transformer:
     """names maps our weight roles to the checkpoint's names, with {i} for the layer.
 
     embedding(name), if given, returns the embedding table and the tied output projection as
@@ -139,7 +152,8 @@ def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
         emb = need(names["embed"]).to(dtype)
         tied = Dense(emb)
     output = tied if args.tie_embeddings else linear(names["output"])
-    return Transformer(args, emb, blocks, need(names["norm"]).float(), output, max_len, dtype)
+    return Transformer(args, emb, blocks, need(names["norm"]).float(), output, max_len, dtype,
+                       numerics)
 
 
 GGUF_NAMES = {
@@ -160,8 +174,7 @@ HF_NAMES = {
 }
 
 
-def load_gguf(path: Path, dtype: str, max_len: int, mode: str, activations: str = "int16"
-              ) -> LoadedModel:
+def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
     from ..tokenizer import Tokenizer
     from .quant import GGUFEmbedding, GGUFLinear, dequantize, dequantize_to, make_linear, native_ok
 
@@ -169,10 +182,10 @@ def load_gguf(path: Path, dtype: str, max_len: int, mode: str, activations: str 
     g = GGUFFile(path)
     args = args_from_gguf(g)
     float_file = all(t.type_name == "F32" for t in g.tensors.values())
-    mode = resolve_mode(mode)
-    bits = ACTIVATION_BITS[activations]
-    # the native kernels take float32 activations: no bf16 rounding anywhere on that path
-    dt = torch.float32 if mode == "native" and dtype == "auto" else _pick_dtype(dtype, float_file)
+    mode, dtype = weight_form(numerics, float_file)
+    dt = DTYPES[dtype]
+    threads, bits = numerics.thread_count, numerics.bits
+    prompt_rows = kernels.prompt_rows(numerics.prompt_kernel)
 
     def get(name: str) -> Tensor | None:
         raw = g.tensors.get(name)
@@ -185,25 +198,25 @@ def load_gguf(path: Path, dtype: str, max_len: int, mode: str, activations: str 
         raw = g.tensors.get(base + ".weight")
         if raw is None:
             raise ModelFileError(f"missing tensor {base + '.weight'!r}")
-        # the int4 kernel takes bf16 activations: a float32 run stays dense and exact
-        eff = mode if mode == "native" or dt == torch.bfloat16 else "dense"
-        return make_linear(raw, dt, eff, bias=g.tensors.get(base + ".bias"), bits=bits)
+        return make_linear(raw, dt, mode, bias=g.tensors.get(base + ".bias"), bits=bits,
+                           threads=threads, prompt_rows=prompt_rows)
 
     def embedding(name: str) -> tuple[object, torch.nn.Module] | None:
         raw = g.tensors.get(name)
         if mode != "native" or raw is None or not native_ok(raw):
             return None  # read whole (dense) by get()
-        return GGUFEmbedding(raw), GGUFLinear(raw, bits=bits)
+        return (GGUFEmbedding(raw, threads),
+                GGUFLinear(raw, bits=bits, threads=threads, prompt_rows=prompt_rows))
 
     try:
-        model = _build(args, get, linear, dt, max_len, GGUF_NAMES, embedding)
+        model = _build(args, get, linear, dt, max_len, GGUF_NAMES, numerics, embedding)
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None  # names the file once
     tok = Tokenizer.from_gguf_metadata(g.metadata)
     return LoadedModel(path, args, model, tok, "gguf", dt, time.perf_counter() - t0)
 
 
-def load_hf(path: Path, dtype: str, max_len: int) -> LoadedModel:
+def load_hf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
     from safetensors import safe_open
 
     from ..tokenizer import Tokenizer
@@ -223,7 +236,7 @@ def load_hf(path: Path, dtype: str, max_len: int) -> LoadedModel:
             for k in sf.keys():
                 tensors[k] = sf.get_tensor(k)
     float_file = all(t.dtype == torch.float32 for t in tensors.values())
-    dt = _pick_dtype(dtype, float_file)
+    dt = DTYPES[weight_form(numerics, float_file, "hf")[1]]
     if not args.tie_embeddings and "lm_head.weight" not in tensors:
         args.tie_embeddings = True
 
@@ -234,25 +247,22 @@ def load_hf(path: Path, dtype: str, max_len: int) -> LoadedModel:
         b = tensors.get(base + ".bias")
         return Dense(w.to(dt), None if b is None else b.to(dt))
 
-    model = _build(args, tensors.get, linear, dt, max_len, HF_NAMES)
+    model = _build(args, tensors.get, linear, dt, max_len, HF_NAMES, numerics)
     tok = Tokenizer.from_hf_dir(path)
     return LoadedModel(path, args, model, tok, "hf", dt, time.perf_counter() - t0)
 
 
-def load_model(spec: str | Path, *, dtype: str = "auto", max_len: int = 4096,
-               mode: str = "auto", activations: str = "int16") -> LoadedModel:
-    """Load a named model (pulled on first use), a .gguf file or a HF directory."""
+def load_model(spec: str | Path, numerics: Numerics | None = None, *,
+               max_len: int = 4096) -> LoadedModel:
+    """Load a named model (pulled on first use), a .gguf file or a HF directory, computing as
+    `numerics` says (default: Numerics(), one thread); max_len sizes the rope tables."""
     from ..registry import resolve
 
-    if mode not in WEIGHT_MODES:
-        raise TandemError(f"weight mode must be one of {', '.join(WEIGHT_MODES)}, got {mode!r}")
-    if activations not in ACTIVATION_BITS:
-        raise TandemError(f"activations must be one of {', '.join(ACTIVATION_BITS)}, "
-                          f"got {activations!r}")
+    numerics = Numerics() if numerics is None else numerics
     path = resolve(str(spec))
     if path.is_dir() and (path / "config.json").is_file():
-        m = load_hf(path, dtype, max_len)
+        m = load_hf(path, numerics, max_len)
     else:
-        m = load_gguf(path, dtype, max_len, mode, activations)
+        m = load_gguf(path, numerics, max_len)
     m.name = str(spec)
     return m

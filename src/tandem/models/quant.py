@@ -37,17 +37,16 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
 
-from .. import kernels
+from .. import choices, kernels
 from ..errors import ModelFileError, TandemError
 from .gguf_file import RawTensor
-from .linear import Dense, is_wide
+from .linear import Dense
 
 GROUP_SIZE = 32  # every 4-bit GGUF type scales groups of 32 weights
 KERNEL_ZERO = 8  # the kernel dequantizes q as (q - 8) * s + z
 PACK_CHUNK_ROWS = 4096  # rows decoded at a time: bounds the int32 staging copy (a multiple of 64)
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16, QT.F64)
-INT4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
-LINEAR_MODES = ("native", "int4", "dense")
+INT4_TYPES = tuple(QT[name] for name in choices.INT4_TYPES)
 
 
 def _gguf_can_dequantize(qtype: QT) -> bool:
@@ -204,11 +203,6 @@ def pack_int4(raw: RawTensor, chunk_rows: int = PACK_CHUNK_ROWS) -> Int4Weight |
     return Int4Weight(torch.cat(packed), torch.cat(scales, dim=1), (n, k))
 
 
-def int4_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
-    """(..., K) -> (..., N) bf16: x @ W.T through the int4 kernel."""
-    return _int4_mm(x, weight.packed, weight.scales_and_zeros, weight.group_size)
-
-
 def _int4_mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()  # (M, K)
     out = torch._weight_int4pack_mm_for_cpu(rows, packed, group, sz)  # (M, N)
@@ -226,8 +220,9 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("scales_and_zeros", weight.scales_and_zeros, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_wide():  # prefill: one float32 GEMM beats re-dequantizing every 4 rows
+    def forward(self, x: torch.Tensor, wide: bool = False, rowwise: bool = False) -> torch.Tensor:
+        # rowwise: the int4 kernel already gives each row the same bits whatever M is
+        if wide:  # prefill: one float32 GEMM beats re-dequantizing every 4 rows
             w = unpack_int4_float(self.packed, self.scales_and_zeros, self.group_size)
             b = None if self.bias is None else self.bias.float()
             return torch.nn.functional.linear(x.float(), w, b).to(x.dtype)
@@ -244,29 +239,42 @@ class QuantLinear(torch.nn.Module):
 class GGUFLinear(torch.nn.Module):
     """y = x @ W.T + b with W the GGUF blocks in place (the file's memory map), float32 in/out.
 
-    Decode and verification rows go through the native kernel (tandem/kernels/qmatmul.c):
-    weights exact, activations int16 per block, float32 sums, batch-invariant. A prefill chunk
-    (inside wide_gemm) expands the weight to float32 for one float32 GEMM instead.
+    Decode and verification rows go through the native kernels (tandem/kernels): weights
+    exact, activations rounded per block (bits 16 or 8), float32 sums, batch-invariant, on
+    `threads` threads; products of prompt_rows or more rows take the prompt kernel (same bits).
+    A wide prefill chunk expands the weight to float32 for one float32 GEMM instead.
     """
 
-    def __init__(self, raw: RawTensor, bias: torch.Tensor | None = None, bits: int = 16) -> None:
+    def __init__(self, raw: RawTensor, bias: torch.Tensor | None = None, bits: int = 16,
+                 threads: int = 1, prompt_rows: int = kernels.PROMPT_ROWS) -> None:
         super().__init__()
         self.out_features, self.in_features = raw.shape
-        self.type_name = raw.type_name
-        self.bits = bits  # activation rounding: 16 or 8 (see kernels.matmul)
+        self.type_name, self.raw = raw.type_name, raw
+        self.bits, self.threads, self.prompt_rows = bits, threads, prompt_rows
         self.blocks = raw.data  # uint8 view of the file: (N, row bytes)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(),
                              persistent=False)
 
     def weight_float(self) -> torch.Tensor:
-        return kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features)
+        return kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features,
+                                  threads=self.threads)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_wide():
+    def forward(self, x: torch.Tensor, wide: bool = False, rowwise: bool = False) -> torch.Tensor:
+        # rowwise: the kernels give each row the same bits whatever the number of rows
+        if wide:
             return torch.nn.functional.linear(x.float(), self.weight_float(), self.bias).to(x.dtype)
         y = kernels.matmul(self.type_name, self.blocks, self.out_features, self.in_features, x,
-                           self.bias, self.bits)
+                           self.bias, bits=self.bits, threads=self.threads,
+                           prompt_rows=self.prompt_rows)
         return y.to(x.dtype)
+
+    def rows(self, idx: slice | list[int]) -> GGUFLinear:
+        """The layer over output rows idx: a slice reads the same blocks in place, a list
+        copies those rows' blocks once."""
+        data = self.blocks[idx] if isinstance(idx, slice) else np.ascontiguousarray(self.blocks[idx])
+        raw = RawTensor(self.raw.name, self.raw.qtype, (len(data), self.in_features), data)
+        bias = None if self.bias is None else self.bias[idx].contiguous()
+        return GGUFLinear(raw, bias, self.bits, self.threads, self.prompt_rows)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -276,14 +284,15 @@ class GGUFLinear(torch.nn.Module):
 class GGUFEmbedding:
     """Token embeddings read row by row from the GGUF blocks: emb[ids] -> float32 (..., dim)."""
 
-    def __init__(self, raw: RawTensor) -> None:
-        self.raw = raw
+    def __init__(self, raw: RawTensor, threads: int = 1) -> None:
+        self.raw, self.threads = raw, threads
         self.shape = raw.shape
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).numpy()
         rows = np.ascontiguousarray(self.raw.data[flat])  # (T, row bytes): only these rows
-        out = kernels.dequantize(self.raw.type_name, rows, len(flat), self.shape[1])
+        out = kernels.dequantize(self.raw.type_name, rows, len(flat), self.shape[1],
+                                 threads=self.threads)
         return out.view(*ids.shape, self.shape[1])
 
 
@@ -320,12 +329,25 @@ def _row_block() -> int:
 
 
 def _unpack(packed: torch.Tensor, b: int, n: int, k: int) -> torch.Tensor:
-    """(N, K/2) packed bytes -> (N, K) uint8 values 0..15 in row order."""
-    pb = packed.reshape(n // b, k, b // 2)  # per row block: k-major, B/2 bytes
-    out = torch.empty(n // b, b, k, dtype=torch.uint8)
-    out[:, : b // 2].copy_((pb & 0xF).transpose(1, 2))  # rows r < B/2: low nibbles
-    out[:, b // 2:].copy_((pb >> 4).transpose(1, 2))  # rows r + B/2: high nibbles
-    return out.view(n, k)
+    """(N, K/2) packed bytes -> (N, K) uint8 values 0..15 in row order.
+
+    Full blocks of B rows: k-major, byte (k, r) holds row r (low nibble) and r + B/2 (high).
+    A last block of T < B rows (N not a multiple of B: 96 rows on AVX-512 are a block of 64
+    and 32 more) is packed the simple way, k-major, byte (k, j) holding rows 2j and 2j + 1.
+    """
+    out = torch.empty(n, k, dtype=torch.uint8)
+    full = n // b * b
+    if full:
+        pb = packed[:full].reshape(full // b, k, b // 2)  # per row block: k-major, B/2 bytes
+        blocks = out[:full].view(full // b, b, k)
+        blocks[:, : b // 2] = (pb & 0xF).transpose(1, 2)  # rows r < B/2: low nibbles
+        blocks[:, b // 2:] = (pb >> 4).transpose(1, 2)  # rows r + B/2: high nibbles
+    if n > full:
+        pt = packed[full:].reshape(k, (n - full) // 2)
+        tail = out[full:].view((n - full) // 2, 2, k)
+        tail[:, 0] = (pt & 0xF).T  # rows 2j
+        tail[:, 1] = (pt >> 4).T  # rows 2j + 1
+    return out
 
 
 def unpack_int4_float(packed: torch.Tensor, sz: torch.Tensor, group: int) -> torch.Tensor:
@@ -340,9 +362,9 @@ def unpack_int4_float(packed: torch.Tensor, sz: torch.Tensor, group: int) -> tor
     return torch.addcmul(z, q, s).view(n, k)
 
 
-def make_linear(
-    raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor | None = None, bits: int = 16
-) -> torch.nn.Module:
+def make_linear(raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor | None = None,
+                bits: int = 16, threads: int = 1, prompt_rows: int = kernels.PROMPT_ROWS
+                ) -> torch.nn.Module:
     """A linear layer for a (N, K) GGUF weight (+ optional (N,) bias).
 
     mode "native": the types the native kernels read (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)
@@ -350,8 +372,9 @@ def make_linear(
     mode "int4": Q4_0 / Q4_1 / Q4_K become a QuantLinear (exact up to bf16 scales), anything else a
     Dense in `dtype`; mode "dense": a Dense in `dtype` for every type.
     """
-    if mode not in LINEAR_MODES:
-        raise TandemError(f"unknown weight mode {mode!r}; accepted: {', '.join(LINEAR_MODES)}")
+    if mode not in choices.LINEAR_MODES:
+        raise TandemError(f"unknown weight mode {mode!r}; accepted: "
+                          f"{', '.join(choices.LINEAR_MODES)}")
     if len(raw.shape) != 2:
         raise ModelFileError(f"tensor {raw.name!r} has shape {raw.shape}; a linear weight is 2-D")
     bias_values = None if bias is None else dequantize(bias).reshape(-1)
@@ -361,7 +384,7 @@ def make_linear(
             f"{raw.shape[0]} rows"
         )
     if mode == "native" and native_ok(raw):
-        return GGUFLinear(raw, bias_values, bits)
+        return GGUFLinear(raw, bias_values, bits, threads, prompt_rows)
     packed = pack_int4(raw) if mode == "int4" else None
     if packed is None:
         return _dense_linear(raw, dtype, bias_values)

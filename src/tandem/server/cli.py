@@ -19,19 +19,16 @@ import sys
 import threading
 import time
 
+from .. import flags
 from ..errors import TandemError
 
 log = logging.getLogger("tandem.server")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli import add_model_args, add_spec_args
-
-    add_model_args(p, default_model=None)
-    add_spec_args(p)
+    flags.add_model_args(p, default_model=None, parallel=True)
+    flags.add_spec_args(p)
     g = p.add_argument_group("server (llama-server's spelling)")
-    g.add_argument("-np", "--parallel", type=int, default=1,
-                   help="slots: requests generated at once, batched in one forward pass (1)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     g.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
     g.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
@@ -44,12 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: 4 x --parallel)")
     g.add_argument("--no-warmup", action="store_true",
                    help="skip the short warm-up generation after loading")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tandem serve", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                             lifespan="off", timeout_graceful_shutdown=3)
     server = uvicorn.Server(config)
     outcome = {"code": 0}
-    loader = threading.Thread(target=_load, args=(args, state, server, outcome),
+    loader = threading.Thread(target=_load, args=(state, server, outcome),
                               name="tandem-loader", daemon=True)
     host, port = sock.getsockname()[:2]
     log.info("listening on http://%s:%d (models load in the background; /health answers 503 "
@@ -99,32 +90,34 @@ def _setup_logging() -> None:
 
 
 def _settings(a: argparse.Namespace):
-    """Check every flag before listening, so a typo fails at once, not after loading."""
-    from ..cli import engine_config, spec_config
+    """Check every flag before listening, so a typo fails at once, not after loading. Resolves
+    the models: no --model and no --model-draft is the default pair; a draft the spec type does
+    not use is not loaded (flags.spec_config warns once)."""
     from ..config import SpecConfig
     from .state import ServerSettings
 
     if a.model is None and a.model_draft is None:  # the default pair
         a.model = "default"
-        if a.spec_type is None or {"draft-simple", "auto"} & set(
-                SpecConfig.parse_types(a.spec_type)):
+        if SpecConfig(types=a.spec_types).resolved(has_draft=True).uses_draft:
             a.model_draft = "default-draft"
     elif a.model is None:
         a.model = "default"
-    if "draft-simple" not in spec_config(a).types:
-        a.model_draft = None  # warned about once; not loaded
-    engine_config(a, a.parallel)
+    spec = flags.spec_config(a)
+    if not spec.uses_draft:
+        a.model_draft = None
+    engine = flags.engine_config(a)
     for flag, name in (("--model", a.model), ("--model-draft", a.model_draft)):
         _check_exists(flag, name)
     if not 0 <= a.port <= 65535:
         raise TandemError(f"--port must be 0..65535, got {a.port}")
     if not a.timeout > 0:
         raise TandemError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
-    queue = 4 * a.parallel if a.queue_size is None else a.queue_size
+    queue = 4 * a.n_parallel if a.queue_size is None else a.queue_size
     if queue < 0:
         raise TandemError(f"--queue-size must be >= 0, got {queue}")
-    return ServerSettings(model=a.model, model_draft=a.model_draft, alias=a.alias,
-                          api_key=a.api_key, timeout=a.timeout, max_queue=queue)
+    return ServerSettings(model=a.model, model_draft=a.model_draft, engine=engine, spec=spec,
+                          warmup=not a.no_warmup, alias=a.alias, api_key=a.api_key,
+                          timeout=a.timeout, max_queue=queue)
 
 
 def _check_exists(flag: str, name: str | None) -> None:
@@ -148,10 +141,10 @@ def _listen(host: str, port: int) -> socket.socket:
                           "--port or --host") from None
 
 
-def _load(args: argparse.Namespace, state, server, outcome: dict) -> None:
+def _load(state, server, outcome: dict) -> None:
     """The loader thread: plan, load, check, warm up, then start the worker."""
     try:
-        _load_models(args, state)
+        _load_models(state)
         state.status = "ready"
         engine = state.engine
         log.info("ready: %d slot(s) of %d tokens, queue of %d; speculation %s",
@@ -171,22 +164,27 @@ def _fail(state, server, outcome: dict, message: str, code: int) -> None:
     server.should_exit = True
 
 
-def _load_models(args: argparse.Namespace, state) -> None:
-    from ..cli import load_engine, spec_config
-    from ..spec.compat import check_compatible
+def _load_models(state) -> None:
+    from ..check import memory_plan
+    from ..speculative.compat import check_compatible
     from .worker import Worker
 
-    spec = spec_config(args)
-    uses_draft = "draft-simple" in spec.types
-    log.info("spec type: %s; target: %s; draft: %s", ",".join(spec.types), args.model,
-             args.model_draft if uses_draft else "none")
-    _check_memory(args, spec, uses_draft)
-    engine = load_engine(args, args.parallel, log=log.info)
+    s = state.settings
+    spec, cfg = s.spec, s.engine
+    log.info("spec type: %s; target: %s; draft: %s", ",".join(spec.types), s.model,
+             s.model_draft or "none")
+    mem = memory_plan(cfg, spec, s.model, s.model_draft)
+    for line in mem.format().splitlines():
+        log.info("%s", line)
+    if not mem.fits:
+        raise TandemError("the memory plan does not fit: lower --ctx-size or --parallel, or "
+                          "use a smaller model")
+    engine = flags.load_engine(s.model, s.model_draft, cfg, spec, log=log.info)
     if engine.draft is not None:
         verdict = check_compatible(engine.target.tokenizer, engine.draft.tokenizer)
         log.info("draft %s: %s", engine.draft.path, verdict.message)
-    log.info(_spec_line(engine))
-    if not args.no_warmup:
+    log.info(spec.describe(None if engine.draft is None else engine.draft.path.name))
+    if s.warmup:
         _warm_up(engine)
     state.model_path = str(engine.target.path)
     state.draft_path = None if engine.draft is None else str(engine.draft.path)
@@ -195,46 +193,6 @@ def _load_models(args: argparse.Namespace, state) -> None:
     worker = Worker(engine, state.metrics, state.settings.max_queue)
     worker.start()
     state.worker = worker
-
-
-def _check_memory(args: argparse.Namespace, spec, uses_draft: bool) -> None:
-    from ..check import inspect_model
-    from ..cli import engine_config
-    from ..memory import plan
-
-    cfg = engine_config(args, args.parallel)
-    models = [inspect_model("target", args.model).spec]
-    if uses_draft:
-        models.append(inspect_model("draft", args.model_draft).spec)
-    # the engine keeps room for max(16, the largest draft) positions beyond the context
-    mem = plan(models, cfg.ctx_size, cfg.n_parallel, spec.spare_positions, args.weights,
-               cfg.dtype, prefill_chunk=cfg.prefill_chunk, device=cfg.device)
-    for line in mem.format().splitlines():
-        log.info("%s", line)
-    if not mem.fits:
-        raise TandemError("the memory plan does not fit: lower --ctx-size or --parallel, or "
-                          "use a smaller model")
-
-
-def _spec_line(engine) -> str:
-    s = engine.spec
-    if not s.enabled:
-        return "speculation: OFF (--spec-type none): the target decodes one token per step"
-    parts = []
-    for t in s.types:  # in the order they are tried
-        if t == "draft-simple":
-            parts.append(f"draft-simple with {engine.draft.path.name} (n_max {s.n_max}, "
-                         f"n_min {s.n_min}, p_min {s.p_min}"
-                         + (f", prompt window {s.draft_window}" if s.draft_window else "")
-                         + (f", vocabulary {s.draft_vocab} + used ids" if s.draft_vocab else "")
-                         + ")")
-        elif t == "ngram-simple":
-            parts.append(f"ngram-simple (n-gram {s.ngram_min}..{s.ngram_max}, up to "
-                         f"{s.ngram_m} tokens)")
-    line = "speculation: ON: " + ", then ".join(parts)
-    if s.adaptive:
-        line += "; auto: k chosen per step from measured costs, 0 when it does not pay"
-    return line
 
 
 def _warm_up(engine) -> None:

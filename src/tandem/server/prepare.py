@@ -7,7 +7,6 @@ one the loaded models can serve.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams, SpecConfig
@@ -39,30 +38,13 @@ def sampling_of(body: SamplingFields, n_predict: int) -> SamplingParams:
 
 def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
     """The request's speculation settings, or None for the server's own (--spec-* flags)."""
-    over = {}
-    if body.spec_type is not None:
-        try:
-            over["types"] = SpecConfig.parse_types(body.spec_type)
-            over["adaptive"] = False  # "auto" turns it back on in SpecConfig.__post_init__
-        except TandemError as e:
-            raise ApiError(400, f"speculative.type: {e}") from None
-    for key, value in (("n_max", body.spec_n_max), ("n_min", body.spec_n_min),
-                       ("p_min", body.spec_p_min)):
-        if value is not None:
-            over[key] = value
-    if not over:
+    if not body.speculative:
         return None
     try:
-        spec = dataclasses.replace(engine.spec, **over)
+        spec = engine.spec.override(body.speculative, has_draft=engine.draft is not None)
     except TandemError as e:
         raise ApiError(400, f"speculative settings: {e}") from None
-    if spec.adaptive and engine.draft is None:
-        spec.types = ["ngram-simple"]
-    if "draft-simple" in spec.types and engine.draft is None:
-        raise ApiError(400, "speculative.type draft-simple needs a draft model, and this server "
-                            "has none loaded; start it with --model-draft PATH, or ask for "
-                            "ngram-simple or none")
-    return spec
+    return None if spec is engine.spec else spec
 
 
 def prompt_ids(engine: Engine, prompt: str | list) -> list[int]:

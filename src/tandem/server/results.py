@@ -5,13 +5,33 @@ Built in the worker thread, which owns the engine; the HTTP side only reshapes t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
-from ..cli import completion_json
 from ..config import SamplingParams, SpecConfig
 
 if TYPE_CHECKING:
     from ..engine import Engine, Sequence, TokenLogprobs
+
+
+def completion_json(seq: Sequence) -> dict:
+    """llama.cpp's /completion fields for a finished sequence (also `tandem generate --json`)."""
+    out = {
+        "content": seq.text,
+        "tokens": list(seq.output),
+        "tokens_predicted": len(seq.output),
+        "tokens_evaluated": seq.n_prompt,
+        "stop_type": seq.stop_type,
+        "stopping_word": seq.stopping_word,
+        "stop": True,
+        "truncated": False,
+        "seed": seq.seed,
+        "id_slot": seq.slot,
+        "timings": seq.timings(),
+    }
+    if seq.spec.enabled:
+        out["speculative"] = {"type": ",".join(seq.spec.types), **seq.stats.as_dict()}
+    return out
 
 
 def completion_result(seq: Sequence, engine: Engine) -> dict:
@@ -43,28 +63,18 @@ def generation_settings(s: SamplingParams, spec: SpecConfig, n_ctx: int) -> dict
         "seed": s.seed,
         "stop": list(s.stop),
         "ignore_eos": s.ignore_eos,
-        "speculative.type": ",".join(spec.types),
-        "speculative.n_max": spec.n_max,
-        "speculative.n_min": spec.n_min,
-        "speculative.p_min": spec.p_min,
+        **spec.request_view(),  # speculative.type, .n_max, .n_min, .p_min
     }
 
 
 def spec_settings(spec: SpecConfig, draft_path: str | None) -> dict:
-    return {
-        "type": ",".join(spec.types),
-        "adaptive": spec.adaptive,  # --spec-type auto: k chosen per step by the controller
-        "enabled": spec.enabled,
-        "draft_model": draft_path,
-        "n_max": spec.n_max,
-        "n_min": spec.n_min,
-        "p_min": spec.p_min,
-        "draft_window": spec.draft_window,  # 0: the draft processes the whole prompt
-        "draft_vocab": spec.draft_vocab,  # 0: the draft proposes from the whole vocabulary
-        "ngram_min": spec.ngram_min,
-        "ngram_max": spec.ngram_max,
-        "ngram_m": spec.ngram_m,
-    }
+    """/props: every speculation setting (types as one string) and the draft model loaded.
+    adaptive: --spec-type auto, k chosen per step by the controller; draft_window 0: the draft
+    reads the whole prompt; draft_vocab 0: the draft proposes from the whole vocabulary."""
+    view = dataclasses.asdict(spec)
+    view["type"] = ",".join(view.pop("types"))
+    return {"type": view.pop("type"), "enabled": spec.enabled, "draft_model": draft_path,
+            **view}
 
 
 def probabilities(engine: Engine, logprobs: list[TokenLogprobs]) -> list[dict]:

@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..config import SamplingParams
+
+_S = SamplingParams()  # the defaults, defined once in config.py
 
 # OpenAI's error types, as llama-server names them, by HTTP status
 ERROR_TYPES = {
@@ -34,27 +38,34 @@ class ApiError(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class SamplingFields(_Body):
     """Sampling and speculation fields shared by every generation endpoint."""
 
-    temperature: float = Field(0.8, ge=0.0, allow_inf_nan=False)
-    top_k: int = Field(40, ge=0)
-    top_p: float = Field(0.95, ge=0.0, le=1.0, allow_inf_nan=False)
-    min_p: float = Field(0.05, ge=0.0, le=1.0, allow_inf_nan=False)
-    seed: int = Field(-1, ge=-1, le=2**64 - 1)
+    temperature: float = Field(_S.temperature, ge=0.0, allow_inf_nan=False)
+    top_k: int = Field(_S.top_k, ge=0)
+    top_p: float = Field(_S.top_p, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_p: float = Field(_S.min_p, ge=0.0, le=1.0, allow_inf_nan=False)
+    seed: int = Field(_S.seed, ge=-1, le=2**64 - 1)
     stop: str | list[str] | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool = _S.ignore_eos
     stream: bool = False
     cache_prompt: bool = True
     id_slot: int = Field(-1, ge=-1)
-    # llama.cpp spells per-request speculation as flat dotted keys
-    spec_type: str | None = Field(None, alias="speculative.type")
-    spec_n_max: int | None = Field(None, alias="speculative.n_max", ge=0)
-    spec_n_min: int | None = Field(None, alias="speculative.n_min", ge=0)
-    spec_p_min: float | None = Field(None, alias="speculative.p_min", ge=0.0, le=1.0)
+    # llama.cpp spells per-request speculation as flat dotted keys ("speculative.n_max": 8):
+    # gathered here by key, checked against SpecConfig's fields by SpecConfig.override
+    speculative: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_speculative(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            spec = {k: v for k, v in data.items() if k.startswith("speculative.")}
+            if spec:
+                data = {k: v for k, v in data.items() if k not in spec} | {"speculative": spec}
+        return data
 
     def stop_list(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import EngineConfig, SpecConfig
 from .metrics import Metrics
 from .schemas import ApiError
 
@@ -12,10 +13,14 @@ MAX_BODY_BYTES = 10 * 1024 * 1024
 
 @dataclass(slots=True)
 class ServerSettings:
-    """What the HTTP layer needs from the command line (models are loaded separately)."""
+    """The command line, checked: the models to load, the engine's and speculation's configs
+    (built from the flags once), and what the HTTP layer needs."""
 
     model: str
     model_draft: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    spec: SpecConfig = field(default_factory=lambda: SpecConfig(types=["none"]))
+    warmup: bool = True
     alias: str | None = None
     api_key: str | None = None
     timeout: float = 600.0  # seconds a request may take, queue + generation (and body read)

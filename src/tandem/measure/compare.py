@@ -10,6 +10,11 @@ The speed-up is shown twice, from measured figures only:
   the per-pass ratios (pass i of the baseline over pass i of the candidate);
 - decode arithmetic: useful tokens × baseline ms per token ÷ candidate decode ms
   (tokens_predicted × median(predicted_ms / predicted_n) ÷ median(predicted_ms)).
+
+`tandem bench` reports with the same functions: load_run, compare_runs, render_text,
+render_markdown, to_json and write_plot for one comparison; pass_totals, speedup_of, side_stats
+and Spread for its sweep ranking (ranking.py) and llama.cpp side by side (sidebyside.py).
+The plot needs matplotlib, an optional extra (`pip install 'tandem[plot]'`).
 """
 
 from __future__ import annotations
@@ -299,7 +304,7 @@ def compare_overall(tasks: list[str], base: Run, cand: Run) -> TaskResult:
     if not passes:
         reason = "no pass is present for every task in both runs"
         return TaskResult("overall", False, [reason], None, None)
-    b, c = _pass_totals(base, tasks, passes), _pass_totals(cand, tasks, passes)
+    b, c = pass_totals(base, tasks, passes), pass_totals(cand, tasks, passes)
     result = TaskResult("overall", True, [], side_stats(b), side_stats(c), tasks=tasks)
     pairs = [(x.wall_s, y.wall_s) for x, y in zip(b, c)]
     result.speedup, result.speedup_range = speedup_of(
@@ -314,7 +319,7 @@ def compare_overall(tasks: list[str], base: Run, cand: Run) -> TaskResult:
     return result
 
 
-def _pass_totals(run: Run, tasks: list[str], passes: set[int]) -> list[Sample]:
+def pass_totals(run: Run, tasks: list[str], passes: set[int]) -> list[Sample]:
     """One Sample per pass summing the tasks; tokens/s is total tokens / total decode time."""
     totals = []
     for p in sorted(passes):
@@ -424,10 +429,27 @@ def to_json(base: Run, cand: Run, results: list[TaskResult]) -> dict:
     }
 
 
-def write_plot(path: str, base: Run, cand: Run, results: list[TaskResult]) -> None:
-    """Bar chart of the wall-time speed-up per task, error bars spanning the per-pass range."""
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+class PlotUnavailable(TandemError):
+    """matplotlib, which only the plot needs, is not installed (an optional extra)."""
 
+
+PLOT_NEEDS = "--plot needs matplotlib, which is not installed: pip install 'tandem[plot]'"
+
+
+def require_matplotlib() -> type:
+    """matplotlib's Figure (Agg canvas, no pyplot global state); PlotUnavailable without it."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotUnavailable(PLOT_NEEDS) from None
+    return Figure
+
+
+def write_plot(path: str, base: Run, cand: Run, results: list[TaskResult]) -> None:
+    """Bar chart of the wall-time speed-up per task, error bars spanning the per-pass range.
+
+    matplotlib is optional (`pip install 'tandem[plot]'`): without it, PlotUnavailable."""
+    Figure = require_matplotlib()
     fig = Figure(figsize=(1.4 * len(results) + 2, 4))
     ax = fig.add_subplot()
     for x, r in enumerate(results):
@@ -454,12 +476,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", help="speculative-benchmark.py JSON, the reference")
     parser.add_argument("candidate", help="speculative-benchmark.py JSON, to compare")
     parser.add_argument("--markdown", metavar="OUT.md", help="also write the table as Markdown")
-    parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of speed-up per task")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="also write a PNG of speed-up per task (needs matplotlib: "
+                             "pip install 'tandem[plot]')")
     parser.add_argument("--json", metavar="OUT.json", help="also write the figures as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the comparison; raises TandemError for a bad input file or an unwritable output."""
+    """Print the comparison; raises TandemError for a bad input file, an unwritable output, or
+    --plot without matplotlib (checked first, before anything is printed or written)."""
+    if args.plot:
+        require_matplotlib()
     base, cand = load_run(args.baseline, "baseline"), load_run(args.candidate, "candidate")
     results = compare_runs(base, cand)
     sys.stdout.write(render_text(base, cand, results))
@@ -479,18 +506,3 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise TandemError(f"cannot write {path!r}: {exc}") from None
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tandem compare", description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except TandemError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .. import kernels
 from ..config import SamplingParams
 from ..models.decoder import KVCache, Transformer
 from ..sampling import logits_to_probs, sample
@@ -23,14 +20,16 @@ class Shortlist:
     Only which tokens the draft can propose changes: a greedy draft takes the argmax over the
     shortlist, a sampled one draws from the distribution over it (zero elsewhere), and that
     distribution is what the verifier receives as q, so the output keeps the target's
-    distribution exactly.
+    distribution exactly. The layer gives its own rows (`output.rows(idx)`): the prefix read
+    in place, the extra rows copied once per change of the set.
     """
 
     def __init__(self, output: torch.nn.Module, prefix: int, vocab_size: int) -> None:
         self.output, self.prefix, self.vocab_size = output, prefix, vocab_size
         self.extra: list[int] = []
         self._known: set[int] = set()
-        self._extra_w: object = None  # the extra rows' weights, built on first use
+        self._head = output.rows(slice(0, prefix))
+        self._tail: torch.nn.Module | None = None  # the extra rows, built on first use
         self.ids = torch.arange(prefix)
 
     def add(self, ids: list[int]) -> None:
@@ -39,30 +38,16 @@ class Shortlist:
         if new:
             self.extra += new
             self._known.update(new)
-            self._extra_w = None
+            self._tail = None
             self.ids = torch.cat([torch.arange(self.prefix), torch.tensor(self.extra)])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h (dim,) normed hidden state -> (len(self.ids),) float32 logits: the prefix rows
-        read in place, the extra rows from a copy made once per change of the set."""
-        out = self.output
-        blocks = getattr(out, "blocks", None)
-        native = isinstance(blocks, np.ndarray)  # GGUF blocks in place, else a Dense weight
-        if self.extra and self._extra_w is None:
-            self._extra_w = (np.ascontiguousarray(blocks[self.extra]) if native
-                             else out.weight[self.extra])
-        bias = out.bias
-        rows = [(slice(self.prefix), blocks[:self.prefix] if native else out.weight[:self.prefix])]
+        """h (dim,) normed hidden state -> (len(self.ids),) float32 logits."""
+        parts = [self._head(h)]
         if self.extra:
-            rows.append((self.extra, self._extra_w))
-        parts = []
-        for idx, w in rows:
-            b = None if bias is None else bias[idx].contiguous()
-            if native:
-                parts.append(kernels.matmul(out.type_name, w, len(w), out.in_features, h, b,
-                                            out.bits))
-            else:
-                parts.append(F.linear(h.to(w.dtype), w, b))
+            if self._tail is None:
+                self._tail = self.output.rows(self.extra)
+            parts.append(self._tail(h))
         return torch.cat(parts).float()
 
 
@@ -103,7 +88,7 @@ class DraftModelProposer:
         self.tokens = list(prompt_ids)
         n_vocab = self.model.args.vocab_size
         self.short = None
-        if 0 < self.vocab < n_vocab:
+        if 0 < self.vocab < n_vocab and hasattr(self.model.output, "rows"):
             self.short = Shortlist(self.model.output, self.vocab, n_vocab)
             self.short.add(prompt_ids)
         self.base = max(0, len(prompt_ids) - 1 - self.window) if self.window else 0

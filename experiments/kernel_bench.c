@@ -1,22 +1,21 @@
-/* Timing of tq_matmul (src/tandem/kernels/qmatmul.c) on random blocks.
+/* Timing of tq_matmul (src/tandem/kernels/, tq.h) on random blocks.
  *
- *   gcc -O3 -mavx2 -mfma -mf16c -fopenmp -o /tmp/kernel_bench bench/kernel_bench.c \
- *       src/tandem/kernels/qmatmul.c
+ *   gcc -O3 -mavx2 -mfma -mf16c -fopenmp -o /tmp/kernel_bench experiments/kernel_bench.c \
+ *       $(find src/tandem/kernels -name "*.c") -lm
  *   /tmp/kernel_bench TYPE ROWS BITS [N K]     e.g. /tmp/kernel_bench 12 1 16 8960 1536
  *
  * TYPE is the ggml type id (8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K); ROWS activation rows; BITS 16 or
- * 8; THREADS=n in the environment runs n threads (default 1). Prints the best of 200 calls (the
- * weights then sit in the L3 cache when they fit: decoding a whole model reads them from
- * memory). Blocks are random bytes with every f16 scale set to 1.0 (random f16 bits could be
- * NaN or subnormal). */
+ * 8; THREADS=n in the environment runs n threads (default 1); PROMPT_ROWS=m the prompt kernel
+ * from m rows (default 16, as kernels.PROMPT_ROWS; a huge m: the row-by-row kernel). Prints the
+ * best of 200 calls (the weights then sit in the L3 cache when they fit: decoding a whole model
+ * reads them from memory). Blocks are random bytes with every f16 scale set to 1.0 (random f16
+ * bits could be NaN or subnormal). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-              float *y, const float *bias, int nthreads, int bits);
-int64_t tq_block_bytes(int type);
+#include "../src/tandem/kernels/tq.h"
 
 int main(int argc, char **argv) {
     if (argc < 4) {
@@ -41,11 +40,13 @@ int main(int argc, char **argv) {
             }
     for (int64_t i = 0; i < M * K; i++)
         x[i] = rand() / (float)RAND_MAX - 0.5f;
+    const int threads = getenv("THREADS") ? atoi(getenv("THREADS")) : 1;
+    const int64_t prompt_rows = getenv("PROMPT_ROWS") ? atoll(getenv("PROMPT_ROWS")) : 16;
     double best = 1e9;
     for (int r = 0; r < 200; r++) {
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
-        if (tq_matmul(type, W, N, K, x, M, y, 0, getenv("THREADS") ? atoi(getenv("THREADS")) : 1, bits) != 0) {
+        if (tq_matmul(type, W, N, K, x, M, y, 0, threads, bits, prompt_rows) != 0) {
             fprintf(stderr, "tq_matmul refused type %d, K %lld\n", type, (long long)K);
             return 1;
         }

@@ -6,7 +6,7 @@ draft calls, drafted and accepted tokens. Timing plays no part in these counts (
 controller), so they compare the options exactly on this noisy machine; their costs are
 measured separately (a draft step, a prompt token).
 
-    python bench/draft_options.py --n-predict 64 --out bench/results/draft-options
+    python experiments/draft_options.py --n-predict 64 --out bench/results/draft-options
 
 Writes OUT/report.md and OUT/result.json.
 """
@@ -33,7 +33,7 @@ OPTIONS = {
 def step_ms(draft, vocab: int, steps: int = 12) -> float:
     """Median ms of one draft token after a 256-token context, full or shortlisted output."""
     from tandem.models.decoder import KVCache
-    from tandem.spec.draft import Shortlist
+    from tandem.speculative.draft import Shortlist
 
     cache = KVCache(draft.args, 1, 512, torch.float32)
     ids = list(range(1000, 1256))
@@ -53,7 +53,7 @@ def step_ms(draft, vocab: int, steps: int = 12) -> float:
 
 
 def main() -> int:
-    from tandem.config import EngineConfig, SamplingParams, SpecConfig
+    from tandem.config import EngineConfig, Numerics, SamplingParams, SpecConfig
     from tandem.engine import Engine, Request
     from tandem.models.loader import load_model
 
@@ -65,7 +65,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     target = load_model("default", max_len=4096)
-    draft = load_model("default-draft", activations="int8", max_len=4096)
+    draft = load_model("default-draft", Numerics(activations="int8"), max_len=4096)
     tok = target.tokenizer
     tasks = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line]
     results = {}

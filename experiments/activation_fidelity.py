@@ -5,7 +5,7 @@ For each prompt of bench/prompts/cpu-tasks.jsonl (chat template applied), greedy
 N tokens with both settings (same weights, same C layers) and reports how many leading tokens
 agree and the largest logit difference over the rows up to the first disagreement.
 
-    python bench/activation_fidelity.py --n-predict 48 --out bench/results/activation-fidelity
+    python experiments/activation_fidelity.py --n-predict 48 --out bench/results/activation-fidelity
 
 Writes OUT/report.md and OUT/result.json.
 """
@@ -41,6 +41,7 @@ def greedy(m, ids: list[int], n: int, chunk: int = 512) -> tuple[list[int], torc
 
 
 def main() -> int:
+    from tandem.config import Numerics
     from tandem.models.loader import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -52,7 +53,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     tasks = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line]
-    models = {bits: load_model(a.model, activations=bits) for bits in ("int16", "int8")}
+    models = {bits: load_model(a.model, Numerics(activations=bits)) for bits in ("int16", "int8")}
     tok = models["int16"].tokenizer
     rows = []
     for t in tasks:

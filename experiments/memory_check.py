@@ -4,7 +4,7 @@ Runs `tandem check` with the server's settings, starts `tandem serve` with them,
 is ready, sends the benchmark prompts (bench/prompts/cpu-tasks.jsonl, 128 tokens each, greedy)
 to /completion, then reads the server's VmHWM (peak resident set) from /proc and stops it.
 
-    python bench/memory_check.py --out bench/results/memory [-- extra serve/check flags]
+    python experiments/memory_check.py --out bench/results/memory [-- extra serve/check flags]
 
 Writes OUT/report.md and OUT/result.json.
 """

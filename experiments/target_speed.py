@@ -5,7 +5,7 @@ the paths take turns run after run, so that a noisy neighbour on this shared mac
 alike. Reports the median, min and max of prompt and generation tokens/s per path, and whether
 each path's output text is the same in every run.
 
-    python bench/target_speed.py --model default --threads 2 --runs 5 --n-predict 128 \
+    python experiments/target_speed.py --model default --threads 2 --runs 5 --n-predict 128 \
         --out bench/results/target-speed
 
 `--against REV` adds the default path as the source at git revision REV computes it (its `src/`
@@ -43,7 +43,7 @@ PATHS = {
 
 def prompt_text() -> str:
     """An instruction plus the first 1800 characters of a source file of this repository."""
-    code = (ROOT / "src/tandem/spec/ngram.py").read_text()[:1800]
+    code = (ROOT / "src/tandem/speculative/ngram.py").read_text()[:1800]
     return f"Rewrite this code with type hints everywhere and shorter comments:\n{code}"
 
 

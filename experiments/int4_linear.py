@@ -4,7 +4,7 @@ Weights are random Q4_K blocks repacked by tandem.models.quant.pack_int4 (the lo
 their bf16 dequantization for the dense side. Prints the median (and min) time of the whole layer
 set per call over --reps repetitions, for M = 1, 2, 4, 8 activation rows.
 
-    python bench/int4_linear.py --threads 2 --reps 50
+    python experiments/int4_linear.py --threads 2 --reps 50
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..errors import TandemError
 from .proposer import Draft
 
 
@@ -34,12 +33,8 @@ class NgramProposer:
     """
 
     def __init__(self, ngram_min: int = 2, ngram_max: int = 4, m: int = 8) -> None:
-        if not 1 <= ngram_min <= ngram_max:
-            raise TandemError(
-                f"ngram sizes must satisfy 1 <= min ({ngram_min}) <= max ({ngram_max})"
-            )
-        if m < 1:
-            raise TandemError(f"spec-ngram-m must be >= 1, got {m}")
+        # the sizes come from a SpecConfig, which checked them (1 <= min <= max, m >= 1)
+        assert 1 <= ngram_min <= ngram_max and m >= 1, (ngram_min, ngram_max, m)
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
         self.m = m

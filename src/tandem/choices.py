@@ -1,0 +1,29 @@
+"""The allowed values of Tandem's settings, named once: flags offer them, configs check them,
+the loader, the memory plan and the kernels read them from here."""
+
+from __future__ import annotations
+
+# --weights: how a GGUF file's 2-D weights are held
+#   native: the GGUF blocks read in place by Tandem's kernels (types in KERNEL_TYPES);
+#   int4: 4-bit blocks (INT4_TYPES) repacked for PyTorch's int4 CPU kernel;
+#   dense: everything dequantized to the compute dtype;
+#   auto: native where the kernels build on this machine, else int4.
+WEIGHT_MODES = ("auto", "native", "int4", "dense")
+LINEAR_MODES = WEIGHT_MODES[1:]  # what "auto" resolves to
+
+# --dtype: the compute dtype (auto: float32 for float32 files and native weights, else bf16)
+DTYPES = ("auto", "float32", "bfloat16")
+
+# --activations: how the native kernels round activations per block, by name -> integer bits
+#   int16: max|x| / 16383 steps; int8: llama.cpp's Q8_K / Q8_0 rounding (max|x| / 127)
+ACTIVATIONS = {"int16": 16, "int8": 8}
+
+# --spec-type: proposers tried in order; auto = n-gram then the draft model, k chosen per step
+SPEC_TYPES = ("none", "ngram-simple", "draft-simple", "auto")
+
+# GGML type ids of the block types the native kernels read (ggml.h; the enum in kernels/tq.h)
+KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+                "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+
+# block types that map exactly onto PyTorch's int4 kernel (w = scale * q + offset, q in 0..15)
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")

@@ -1,0 +1,105 @@
+/* Activation rows quantized per block, before the integer dot products: int16 (the default,
+ * max|x| / 16383 steps) and int8 (llama.cpp's Q8_K / Q8_0 scheme, max|x| / 127). One call per
+ * row, from the driver (matmul.c). */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "blocks.h"
+
+/* ---- activations: int16 per block of `qb` (32, or 256 for the K-quants) ---------------- */
+
+/* max |x[i]| over n values (n a multiple of 8) */
+static inline float block_amax(const float *x, int64_t n) {
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        a = _mm256_max_ps(a, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + i)));
+    float am[8], amax = 0.f;
+    _mm256_storeu_ps(am, a);
+    for (int i = 0; i < 8; i++)
+        amax = am[i] > amax ? am[i] : amax;
+    return amax;
+}
+
+#define XQ_MAX 16383.f /* 15 bits: the K-quant integer sums below stay inside int32 */
+
+/* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums.
+ * split: each group of 32 stored as its 16 even-indexed values, then its 16 odd-indexed ones,
+ * the order in which the Q4_K / Q5_K kernels take the weights apart (k4_nibbles). */
+void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,
+                  float *sum) {
+    /* per 128-bit lane: words 0 2 4 6 1 3 5 7 */
+    const __m256i evod = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    for (int64_t b0 = 0; b0 < K; b0 += qb) {
+        const float amax = block_amax(x + b0, qb);
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? XQ_MAX / amax : 0.f);
+        for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
+            const float *xg = x + 32 * g;
+            __m256 t = _mm256_setzero_ps();
+            __m256i i32[4];
+            for (int i = 0; i < 4; i++) {
+                const __m256 v = _mm256_loadu_ps(xg + 8 * i);
+                t = _mm256_add_ps(t, v);
+                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv)); /* nearest even */
+            }
+            /* packs works per 128-bit lane: [a0..3 b0..3 a4..7 b4..7] -> fix the order */
+            __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
+            __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+            if (split) { /* [evens of p0 | odds of p0], the same for p1, then recombined */
+                const __m256i e0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p0, evod), 0xD8);
+                const __m256i e1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p1, evod), 0xD8);
+                p0 = _mm256_permute2x128_si256(e0, e1, 0x20);
+                p1 = _mm256_permute2x128_si256(e0, e1, 0x31);
+            }
+            _mm256_storeu_si256((__m256i *)(q + 32 * g), p0);
+            _mm256_storeu_si256((__m256i *)(q + 32 * g + 16), p1);
+            float ts[8], tsum = 0.f;
+            _mm256_storeu_ps(ts, t);
+            for (int i = 0; i < 8; i++)
+                tsum += ts[i];
+            s[g] = amax / XQ_MAX;
+            sum[g] = tsum;
+        }
+    }
+}
+
+/* ---- int8 per block of `qb` (llama.cpp's Q8_K / Q8_0; rowdot8.c takes them) -------------
+ * x~ = d * q8, d = max|x| / 127 per block of 256 (K-quants) or 32, |x - x~| <= d / 2.
+ * q: K int8; s, sum: as quantize_row's; bs: K/16 sums of the int8 values. */
+
+void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
+                   int16_t *bs) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b0 = 0; b0 < K; b0 += qb) {
+        const float amax = block_amax(x + b0, qb);
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
+            const float *xg = x + 32 * g;
+            __m256 t = _mm256_setzero_ps();
+            __m256i i32[4];
+            for (int i = 0; i < 4; i++) {
+                const __m256 v = _mm256_loadu_ps(xg + 8 * i);
+                t = _mm256_add_ps(t, v);
+                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
+            }
+            for (int h = 0; h < 2; h++) { /* sums of the int8 values per 16 */
+                int32_t v[8], acc = 0;
+                _mm256_storeu_si256((__m256i *)v, _mm256_add_epi32(i32[2 * h], i32[2 * h + 1]));
+                for (int i = 0; i < 8; i++)
+                    acc += v[i];
+                bs[2 * g + h] = (int16_t)acc;
+            }
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]),
+                                           _mm256_packs_epi32(i32[2], i32[3]));
+            _mm256_storeu_si256((__m256i *)(q + 32 * g), _mm256_permutevar8x32_epi32(p, order));
+            float ts[8], tsum = 0.f;
+            _mm256_storeu_ps(ts, t);
+            for (int i = 0; i < 8; i++)
+                tsum += ts[i];
+            s[g] = amax / 127.f;
+            sum[g] = tsum;
+        }
+    }
+}
+

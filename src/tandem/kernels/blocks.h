@@ -1,0 +1,308 @@
+/* Internal to the kernels (not part of tq.h's interface): the GGUF block layouts, the type ids,
+ * and the always-inline helpers that take a block's weights apart, shared by the row-by-row
+ * kernels (rowdot16.c, rowdot8.c), the prompt kernel (gemm.c) and dequant.c; the row-loop
+ * macros; the functions one kernel file calls in another.
+ *
+ * The helpers stay static inline here: gcc -mfma contracts a * b + c into an fma across inlined
+ * code, so moving one out of line could change the last bits of a result.
+ *
+ * Matrix products straight on GGUF quantized blocks, for x86-64 with AVX2 + FMA + F16C:
+ * y[m, n] = sum_k W[n, k] * x[m, k] (+ bias[n]) for a few rows m (decode, verification), with W
+ * the tensor's bytes exactly as the GGUF file stores them (read in place from the memory map:
+ * no repacking, no copy). Every GGUF block type handled here is, per group of 32 weights,
+ *
+ *     w = scale * q + offset,   q small integers (Q6_K: the 16-weight sub-scales folded into q),
+ *
+ * so a group's contribution is scale * sum(q * x) + offset * sum(x). The activations are
+ * quantized to int16 per block of 32 (K-quants: 256) with scale max|x| / 16383 (error <=
+ * 1/32766 of the block's largest value: 64 times finer than the bf16 activations of PyTorch's
+ * int4 kernel; Q4_K / Q5_K store them split, see k4_nibbles), the integer dot products run on
+ * _mm256_madd_epi16 (16 products per instruction), and everything after that is float32.
+ * sum(x) uses the float values.
+ *
+ * Each output element is computed by the same sequence of operations whatever the number of
+ * rows M, the other rows, or the thread count: results are batch-invariant bit for bit, so a
+ * verification pass gives exactly the logits of one-token decoding.
+ *
+ * Block layouts (ggml-common.h; fp16 = IEEE half):
+ *   Q4_0 (18 B / 32):  d, qs[16]            w[j] = d (lo(qs[j]) - 8),   w[j+16] = d (hi(qs[j]) - 8)
+ *   Q4_1 (20 B / 32):  d, m, qs[16]         w = d q + m
+ *   Q5_0 (22 B / 32):  d, qh[4], qs[16]     q = nibble | (bit j of qh) << 4, w = d (q - 16)
+ *   Q5_1 (24 B / 32):  d, m, qh[4], qs[16]  w = d q + m
+ *   Q8_0 (34 B / 32):  d, int8 qs[32]       w = d q
+ *   Q4_K (144 B / 256): d, dmin, scales[12] (8 x 6-bit sc, 8 x 6-bit mn), qs[128]
+ *        64-weight chunk c: bytes qs[32c..32c+31]; low nibbles = sub-block 2c, high = 2c+1;
+ *        w = d sc[s] q - dmin mn[s]
+ *   Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]: as Q4_K, plus bit (2c) / (2c+1)
+ *        of qh[l] as the fifth bit of weight l of sub-block 2c / 2c+1
+ *   Q6_K (210 B / 256): ql[128], qh[64], int8 scales[16], d; per half h (128 weights):
+ *        q = (4 bits of ql) | (2 bits of qh) << 4, w = d scales[16-weight group] (q - 32)
+ */
+#ifndef TQ_BLOCKS_H
+#define TQ_BLOCKS_H
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tq.h"
+
+#define TQ_HIDDEN __attribute__((visibility("hidden"))) /* shared between the kernel files only */
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };  /* ggml type ids */
+
+#define MR 10 /* activation rows per pass over a weight row: k = 8 or 9 drafted tokens verify in
+                   * one pass (with 8, 9 rows cost an 8-row and a 1-row pass over the weights) */
+
+/* bytes per block of a type id; 0 for one the kernels do not take */
+static inline int64_t block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    }
+    return 0;
+}
+
+static inline int64_t block_weights(int type) { return type >= T_Q4_K ? 256 : 32; }
+
+/* acc[m] + offv[m], summed across lanes, + off[m]: the end of every row's dot product */
+static inline void finish_rows(const __m256 *acc, const __m256 *offv, const float *off, int mr,
+                               float *out) {
+    for (int m = 0; m < mr; m++)
+        out[m] = hsum8(_mm256_add_ps(acc[m], offv[m])) + off[m];
+}
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ---- activations, quantized per block (activations.c) ----------------------------------- */
+
+/* int16 activations (rowdot16.c, gemm.c) */
+typedef struct {
+    const int16_t *q; /* row m of the activations: q + m * K */
+    const float *s, *sum;
+    int64_t K, G; /* K and K / 32 */
+} acts_t;
+
+/* int8 activations (rowdot8.c) */
+typedef struct {
+    const int8_t *q;       /* row m: q + m * K */
+    const float *s, *sum;  /* per 32-group: the block's scale; float sum of x */
+    const int16_t *bs;     /* per 16-group: sum of q8 (Q6_K's -32) */
+    int64_t K, G;
+} acts8_t;
+
+/* one activation row of K: int16 (16383 steps per block of qb = 32 or 256; split: the order of
+ * the Q4_K / Q5_K kernels) or int8 (127 steps, and the per-16 sums bs) */
+TQ_HIDDEN void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,
+                            float *sum);
+TQ_HIDDEN void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
+                             int16_t *bs);
+
+/* ---- the float step after a run of integer sums (rowdot16.c, rowdot8.c) ----------------- */
+
+/* acc[m] += cvt(isum[m]) * (d * activation scale of the 32-group g); isum[m] = 0 */
+#define FLUSH(d, g)                                                                           \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]),                              \
+                                     _mm256_set1_ps((d) * A->s[m * A->G + (g)]), acc[m]);      \
+            isum[m] = _mm256_setzero_si256();                                                 \
+        }                                                                                     \
+    } while (0)
+
+/* ---- weights: what every kernel reads from a block -------------------------------------- */
+
+static inline __m256i lo16(__m128i b) { /* 16 bytes -> 16 x int16 low nibbles */
+    return _mm256_and_si256(_mm256_cvtepu8_epi16(b), _mm256_set1_epi16(0x0F));
+}
+static inline __m256i hi16(__m128i b) { /* 16 bytes -> 16 x int16 high nibbles */
+    return _mm256_srli_epi16(_mm256_cvtepu8_epi16(b), 4);
+}
+/* 16 x int16 with 16 in lane j where bit j of `bits` (16 bits) is set */
+static inline __m256i bit16(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                          4096, 8192, 16384, (short)32768);
+    __m256i b = _mm256_set1_epi16((short)bits);
+    return _mm256_and_si256(_mm256_cmpeq_epi16(_mm256_and_si256(b, sel), sel),
+                            _mm256_set1_epi16(16));
+}
+
+/* The eight 6-bit scales and mins of a Q4_K/Q5_K block (12 bytes at q), unpacked four at a
+ * time: sm[0..7] = the scales, sm[8..15] = the mins. For j < 4: sc = q[j] & 63, mn = q[j+4] & 63;
+ * for j >= 4: sc = (q[j+4] & 15) | (q[j-4] >> 6) << 4, mn = (q[j+4] >> 4) | (q[j] >> 6) << 4. */
+static inline void k4_unpack(const uint8_t *q, uint8_t sm[16]) {
+    uint32_t u[3], out[4];
+    memcpy(u, q, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    out[0] = u[0] & m6;                                       /* scales, j < 4 */
+    out[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);         /* scales, j >= 4 */
+    out[2] = u[1] & m6;                                       /* mins, j < 4 */
+    out[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);  /* mins, j >= 4 */
+    memcpy(sm, out, 16);
+}
+
+/* The same as vectors: sc16 = the scales as int16, the same eight in both 128-bit lanes;
+ * mnf = the mins as floats. */
+static inline void k4_scales(const uint8_t *q, __m256i *sc16, __m256 *mnf) {
+    uint8_t sm[16];
+    k4_unpack(q, sm);
+    const __m128i b = _mm_loadu_si128((const __m128i *)sm);
+    *sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+    *mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+
+/* int16 word j (0..7) of each 128-bit lane of v, in every word of that lane */
+static inline __m256i word_bcast(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
+}
+/* word j of the low lane in the low lane's words, word j2 of the high lane in the high lane's */
+static inline __m256i word_bcast2(__m256i v, int j, int j2) {
+    return _mm256_shuffle_epi8(v, _mm256_setr_m128i(_mm_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))),
+                                                    _mm_set1_epi16((short)(((2 * j2 + 1) << 8) | (2 * j2)))));
+}
+
+/* The header of the Q4_K / Q5_K super-block at w: its scales and mins (k4_scales), its 32
+ * fifth-bit bytes (qh; zero for Q4_K). Returns the quants. */
+static inline __attribute__((always_inline)) const uint8_t *k4_head(int five, const uint8_t *w,
+                                                                    __m256i *sc16, __m256 *mnv,
+                                                                    __m256i *qh) {
+    k4_scales(w + 4, sc16, mnv);
+    *qh = five ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
+    return w + (five ? 48 : 16);
+}
+
+/* bit b of each int16 word of v at bit 4 (the fifth bit of a quant), other bits clear */
+static inline __attribute__((always_inline)) __m256i bit_at4(__m256i v, int b) {
+    const __m256i x = b > 4 ? _mm256_srli_epi16(v, b - 4) : _mm256_slli_epi16(v, 4 - b);
+    return _mm256_and_si256(x, _mm256_set1_epi16(16));
+}
+
+/* Chunk c (64 weights, qs bytes 32c..32c+31) of a Q4_K / Q5_K super-block as int16 quants,
+ * without widening: the 32 bytes read as 16 words, word k = bytes 2k, 2k+1, give
+ *   v[0] = low nibbles of the even bytes  = weights 2k     of sub-block 2c,
+ *   v[1] = low nibbles of the odd bytes   = weights 2k + 1 of sub-block 2c,
+ *   v[2] = high nibbles of the even bytes = weights 2k     of sub-block 2c + 1,
+ *   v[3] = high nibbles of the odd bytes  = weights 2k + 1 of sub-block 2c + 1,
+ * which is why the activations of these types are stored split (quantize_row). Q5_K: bit 2c
+ * (2c + 1) of qh byte l is the fifth bit of weight l of sub-block 2c (2c + 1). */
+static inline __attribute__((always_inline)) void k4_nibbles(int five, const uint8_t *qs,
+                                                             __m256i qh, int c, __m256i v[4]) {
+    const __m256i m4 = _mm256_set1_epi16(0x000F);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+    v[0] = _mm256_and_si256(q, m4);
+    v[1] = _mm256_and_si256(_mm256_srli_epi16(q, 8), m4);
+    v[2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    v[3] = _mm256_srli_epi16(q, 12);
+    if (five) {
+        v[0] = _mm256_or_si256(v[0], bit_at4(qh, 2 * c));
+        v[1] = _mm256_or_si256(v[1], bit_at4(qh, 8 + 2 * c));
+        v[2] = _mm256_or_si256(v[2], bit_at4(qh, 2 * c + 1));
+        v[3] = _mm256_or_si256(v[3], bit_at4(qh, 9 + 2 * c));
+    }
+}
+
+/* k4_nibbles times the sub-block scales (sc16: k4_scales'), for kernels that share one chunk
+ * among several activation rows. q * sc <= 31 * 63 fits int16. */
+static inline __attribute__((always_inline)) void k4_chunk(int five, const uint8_t *qs,
+                                                           __m256i qh, __m256i sc16, int c,
+                                                           __m256i v[4]) {
+    k4_nibbles(five, qs, qh, c, v);
+    const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
+    v[0] = _mm256_mullo_epi16(v[0], s0);
+    v[1] = _mm256_mullo_epi16(v[1], s0);
+    v[2] = _mm256_mullo_epi16(v[2], s1);
+    v[3] = _mm256_mullo_epi16(v[3], s1);
+}
+
+/* sub-block scale j (word j of sc16's lanes) as an int32 in every lane */
+static inline __m256i dword_bcast(__m256i sc16, int j) {
+    return _mm256_shuffle_epi8(sc16, _mm256_set1_epi32((int)(0x80800000u | ((2u * j + 1) << 8) | (2u * j))));
+}
+
+/* Part (0 or 1) of one half of a Q6_K super-block as int16 (q - 32) times its 16-weight scale:
+ * v[i] = weights 16 part + 32 i .. + 15 of the half. ql, qh: the half's bytes; sch: its eight
+ * scales as int16 in both lanes. (q - 32) * sc fits int16 (|.| <= 4096). */
+static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, const uint8_t *qh,
+                                                          __m256i sch, int part, __m256i v[4]) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30),
+                  k32 = _mm256_set1_epi16(32);
+    const int l = 16 * part;
+    __m256i A0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l)));
+    __m256i B0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+    __m256i H = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + l)));
+    __m256i v0 = _mm256_or_si256(_mm256_and_si256(A0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+    __m256i v1 = _mm256_or_si256(_mm256_and_si256(B0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+    __m256i v2 = _mm256_or_si256(_mm256_srli_epi16(A0, 4), _mm256_and_si256(H, m30));
+    __m256i v3 = _mm256_or_si256(_mm256_srli_epi16(B0, 4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+    v[0] = _mm256_mullo_epi16(_mm256_sub_epi16(v0, k32), word_bcast(sch, part));
+    v[1] = _mm256_mullo_epi16(_mm256_sub_epi16(v1, k32), word_bcast(sch, 2 + part));
+    v[2] = _mm256_mullo_epi16(_mm256_sub_epi16(v2, k32), word_bcast(sch, 4 + part));
+    v[3] = _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part));
+}
+
+/* ---- the row-by-row kernels: a function per (type, mr) in a table ----------------------- */
+
+/* Weight rows [n0, n1) against mr activation rows: y[m * N + n] = dot + bias[n]. The type and
+ * mr are compile-time constants inside each loop (row_dot is always inlined), so the switch and
+ * the per-type constants sit outside the row loop: a K = 1536 row is only 6 super-blocks, and
+ * per-row set-up cost as much as the products (measured with bench/kernel_bench.c). */
+#define ROW_LOOP(fn, T, mr)                                                                   \
+    for (int64_t n = n0; n < n1; n++) {                                                      \
+        float out[MR];                                                                        \
+        fn(T, W + n * rb, A, mr, out);                                                        \
+        const float b = bias ? bias[n] : 0.f;                                                 \
+        for (int m = 0; m < mr; m++)                                                          \
+            y[m * N + n] = out[m] + b;                                                        \
+    }
+#define ROWS_FN(fn, acts, mr)                                                                 \
+    static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
+                               const acts *A, float *y, int64_t N, const float *bias) {      \
+        switch (t) {                                                                          \
+        case T_Q4_0: ROW_LOOP(fn, T_Q4_0, mr) break;                                          \
+        case T_Q4_1: ROW_LOOP(fn, T_Q4_1, mr) break;                                          \
+        case T_Q5_0: ROW_LOOP(fn, T_Q5_0, mr) break;                                          \
+        case T_Q5_1: ROW_LOOP(fn, T_Q5_1, mr) break;                                          \
+        case T_Q8_0: ROW_LOOP(fn, T_Q8_0, mr) break;                                          \
+        case T_Q4_K: ROW_LOOP(fn, T_Q4_K, mr) break;                                          \
+        case T_Q5_K: ROW_LOOP(fn, T_Q5_K, mr) break;                                          \
+        case T_Q6_K: ROW_LOOP(fn, T_Q6_K, mr) break;                                          \
+        }                                                                                     \
+    }
+/* fn_rows_1 .. fn_rows_10 (MR) and TABLE[mr] */
+#define ROW_DOT_TABLE(fn, acts, TABLE)                                                        \
+    ROWS_FN(fn, acts, 1) ROWS_FN(fn, acts, 2) ROWS_FN(fn, acts, 3) ROWS_FN(fn, acts, 4)       \
+    ROWS_FN(fn, acts, 5) ROWS_FN(fn, acts, 6) ROWS_FN(fn, acts, 7) ROWS_FN(fn, acts, 8)       \
+    ROWS_FN(fn, acts, 9) ROWS_FN(fn, acts, 10)                                                \
+    TQ_HIDDEN void (*const TABLE[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,    \
+                                          const acts *, float *, int64_t, const float *) = {  \
+        0, fn##_rows_1, fn##_rows_2, fn##_rows_3, fn##_rows_4,                                \
+        fn##_rows_5, fn##_rows_6, fn##_rows_7, fn##_rows_8, fn##_rows_9, fn##_rows_10}
+
+/* rowdot16.c: int16 activations (acts_t); rowdot8.c: int8 (acts8_t). ROW_DOTS[mr] (mr = 1..MR)
+ * runs weight rows [n0, n1) (rb bytes each, from W) against mr activation rows */
+extern TQ_HIDDEN void (*const ROW_DOTS[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
+                                                const acts_t *, float *, int64_t, const float *);
+extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
+                                                 const acts8_t *, float *, int64_t, const float *);
+
+/* ---- the prompt kernel (gemm.c) --------------------------------------------------------- */
+
+static inline int gemm_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+
+/* weight rows [n0, n1) against all M int16 activation rows (xq, xs, xsum as quantize_row
+ * leaves them): y = dot + bias, bit for bit the row-by-row kernels' result. Returns 0, or -2
+ * when its buffer cannot be allocated (nothing written: the caller takes the row-by-row path). */
+TQ_HIDDEN int gemm_share(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
+                         const int16_t *xq, const float *xs, const float *xsum, int64_t M,
+                         int64_t K, float *y, int64_t N, const float *bias);
+#endif

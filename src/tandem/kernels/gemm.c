@@ -1,0 +1,258 @@
+/* The prompt kernel: K-quant weights against many int16 activation rows.
+ *
+ * row_dot re-derives each weight's int16 value (nibbles, fifth bit, sub-block scale) for every
+ * MR = 10 activation rows, and its accumulators and the weights do not fit the 16 vector
+ * registers (gcc spills). Here NR = 4 weight rows are unpacked once, KC weights at a time, into
+ * an int16 buffer that stays in L1; a micro-kernel then runs 2 activation rows against the 4
+ * rows at a time, 8 integer accumulators in registers, for every row of a block of activation
+ * rows (up to 64 rows within 2 MiB: L2, or L3 for long rows).
+ * Each output element gets exactly row_dot's result bit for bit: lane j of each integer sum
+ * holds the same products (a vector's 16 weights in the order of the activations, words 2j
+ * and 2j + 1), integer sums do not depend on their order, and the float steps (one fma per 256
+ * weights, Q6_K per 128, then the same lane sum) are the same operations in the same order. So
+ * rows stay batch-invariant whichever path a call takes. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+
+#define NR 4    /* weight rows per micro-kernel */
+#define KC 2048 /* weights per unpacked chunk: NR x KC int16 = 16 KiB */
+#define GMB 64  /* most activation rows per block */
+
+typedef struct {
+    /* q times its sub-block scale; vector v (the weights of activations 16v..16v+15 as they
+     * are stored: split for Q4_K / Q5_K) of row r at w + (v*NR + r)*16, so the micro-kernel
+     * reads one stream */
+    int16_t w[KC * NR];
+    float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
+    float mn[NR][KC / 256][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
+    float acc[NR][GMB][8], off[NR][GMB][8];
+} gemm_buf;
+
+#define VEC(out, v) ((__m256i *)((out) + (int64_t)(v) * NR * 16)) /* vector v of a row */
+
+/* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + 16 r), d (flush group f
+ * at d[f * NR]), mn */
+static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
+                      float (*mn)[8]) {
+    const int bs = five ? 176 : 144;
+    for (int64_t sb = 0; sb < nsb; sb++, w += bs) {
+        __m256i sc16, qh;
+        __m256 mnv;
+        const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
+        d[sb * NR] = f16(w);
+        _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
+        for (int c = 0; c < 4; c++) {
+            __m256i q[4];
+            k4_chunk(five, qs, qh, sc16, c, q);
+            for (int i = 0; i < 4; i++) /* in the order of the split activations */
+                _mm256_storeu_si256(VEC(out, 16 * sb + 4 * c + i), q[i]);
+        }
+    }
+}
+
+/* nsb super-blocks of one Q6_K row: (q - 32) times the 16-weight scale; d per half */
+static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
+    for (int64_t sb = 0; sb < nsb; sb++, w += 210) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        d[2 * sb * NR] = d[(2 * sb + 1) * NR] = f16(w + 208);
+        const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+            const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
+                                  : _mm256_permute2x128_si256(scw, scw, 0x00);
+            for (int part = 0; part < 2; part++) {
+                __m256i q[4];
+                q6_part(ql, qh, sch, part, q);
+                /* weights 128h + 16 part + 32i of the super-block: vector 16 sb + 8h + part + 2i */
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_si256(VEC(out, 16 * sb + 8 * h + part + 2 * i), q[i]);
+            }
+        }
+    }
+}
+
+/* s[2r + i] += madd(vector j of row r, x_i[16j..]) for j < nv and the 4 rows: the inner loop in
+ * assembly because gcc 12 compiles the same C into a copy of every accumulator per step and
+ * runs 1.5x slower (measured). w: the buffer at the first vector; x0, x1: activation rows. */
+static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t *x1, int64_t nv,
+                             __m256i s[8]) {
+    __m256i s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5], s6 = s[6], s7 = s[7];
+    __m256i a0, a1, wv, t;
+    __asm__("1:\n\t"
+            "vmovdqu (%[x0]), %[a0]\n\t"
+            "vmovdqu (%[x1]), %[a1]\n\t"
+            "vmovdqu (%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s0], %[s0]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s1], %[s1]\n\t"
+            "vmovdqu 32(%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s2], %[s2]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s3], %[s3]\n\t"
+            "vmovdqu 64(%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s4], %[s4]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s5], %[s5]\n\t"
+            "vmovdqu 96(%[w]), %[wv]\n\t"
+            "vpmaddwd %[wv], %[a0], %[t]\n\t"
+            "vpaddd %[t], %[s6], %[s6]\n\t"
+            "vpmaddwd %[wv], %[a1], %[t]\n\t"
+            "vpaddd %[t], %[s7], %[s7]\n\t"
+            "add $32, %[x0]\n\t"
+            "add $32, %[x1]\n\t"
+            "add $128, %[w]\n\t"
+            "dec %[n]\n\t"
+            "jnz 1b\n\t"
+            : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4),
+              [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [a0] "=&x"(a0), [a1] "=&x"(a1),
+              [wv] "=&x"(wv), [t] "=&x"(t), [x0] "+r"(x0), [x1] "+r"(x1), [w] "+r"(w),
+              [n] "+r"(nv)
+            :
+            : "memory", "cc");
+    s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3; s[4] = s4; s[5] = s5; s[6] = s6; s[7] = s7;
+}
+
+/* nr unpacked rows (chunk of kc weights from k0) against activation rows m and m + 1 (ma of
+ * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale).
+ * acc row mi + i: activation row m + i. The offsets (mins) are gemm_mins'. Always inlined into
+ * gemm_rows: alone in this file gcc 12 keeps it out of line (large-stack-frame-growth), and
+ * the prompt kernel ran 3-10% slower so (Q4_K / Q6_K 2048x1536, 32-64 rows, bench). */
+static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr, int ma, int fw,
+                                                             const int16_t *xq, const float *xs,
+                                                             int64_t K, int64_t G, int64_t k0,
+                                                             int64_t kc, int64_t m, int64_t mi) {
+    const int nv = fw / 16;
+    for (int64_t f = 0; f < kc / fw; f++) {
+        __m256i s[2 * NR];
+        for (int i = 0; i < 2 * NR; i++)
+            s[i] = _mm256_setzero_si256();
+        const int16_t *x0 = xq + m * K + k0 + f * fw, *x1 = ma > 1 ? x0 + K : x0;
+        const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
+        if (nr == NR) {
+            micro_4x2(w, x0, x1, nv, s);
+        } else { /* the last rows of a thread's share */
+            for (int j = 0; j < nv; j++) {
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x0 + 16 * j));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x1 + 16 * j));
+                for (int r = 0; r < nr; r++) {
+                    const __m256i wv = _mm256_loadu_si256(VEC(w + 16 * r, j));
+                    s[2 * r] = _mm256_add_epi32(s[2 * r], _mm256_madd_epi16(wv, a0));
+                    s[2 * r + 1] = _mm256_add_epi32(s[2 * r + 1], _mm256_madd_epi16(wv, a1));
+                }
+            }
+        }
+        const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
+        /* row_dot's scalar products d * x scale, four weight rows per multiply (the unused lanes
+         * of a partial group hold zero or an earlier group's scale: multiplied, never read) */
+        float ds[2][NR];
+        const __m128 d4 = _mm_loadu_ps(b->d[f]);
+        _mm_storeu_ps(ds[0], _mm_mul_ps(d4, _mm_set1_ps(xs[m * G + g])));
+        _mm_storeu_ps(ds[1], _mm_mul_ps(d4, _mm_set1_ps(xs[(m + ma - 1) * G + g])));
+        for (int i = 0; i < ma; i++)
+            for (int r = 0; r < nr; r++) {
+                float *a = b->acc[r][mi + i];
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[2 * r + i]),
+                                                    _mm256_broadcast_ss(&ds[i][r]),
+                                                    _mm256_loadu_ps(a)));
+            }
+    }
+}
+
+/* Q4_K / Q5_K offsets of the chunk's nsb super-blocks for activation rows [mb, me): off +=
+ * mn * (x sums), lane by lane in super-block order, as row_dot's offv. Separate from the flush
+ * so that each row's four sums stay in registers across the chunk. */
+static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64_t G,
+                      int64_t k0, int64_t mb, int64_t me) {
+    for (int64_t m = mb; m < me; m++) {
+        const float *xm = xsum + m * G + k0 / 32;
+        if (nr == NR) {
+            __m256 o0 = _mm256_loadu_ps(b->off[0][m - mb]), o1 = _mm256_loadu_ps(b->off[1][m - mb]),
+                   o2 = _mm256_loadu_ps(b->off[2][m - mb]), o3 = _mm256_loadu_ps(b->off[3][m - mb]);
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                const __m256 x = _mm256_loadu_ps(xm + 8 * sb);
+                o0 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[0][sb]), x, o0);
+                o1 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[1][sb]), x, o1);
+                o2 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[2][sb]), x, o2);
+                o3 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[3][sb]), x, o3);
+            }
+            _mm256_storeu_ps(b->off[0][m - mb], o0);
+            _mm256_storeu_ps(b->off[1][m - mb], o1);
+            _mm256_storeu_ps(b->off[2][m - mb], o2);
+            _mm256_storeu_ps(b->off[3][m - mb], o3);
+        } else {
+            for (int r = 0; r < nr; r++) {
+                __m256 o = _mm256_loadu_ps(b->off[r][m - mb]);
+                for (int64_t sb = 0; sb < nsb; sb++)
+                    o = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[r][sb]),
+                                        _mm256_loadu_ps(xm + 8 * sb), o);
+                _mm256_storeu_ps(b->off[r][m - mb], o);
+            }
+        }
+    }
+}
+
+/* Weight rows [n0, n1) against all M activation rows (int16, quantized): y = dot + bias */
+static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
+                      const int16_t *xq, const float *xs, const float *xsum, int64_t M,
+                      int64_t K, float *y, int64_t N, const float *bias, gemm_buf *b) {
+    const int64_t G = K / 32, bb = block_bytes(type);
+    const int q6 = type == T_Q6_K, fw = q6 ? 128 : 256;
+    /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
+     * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
+     * 1536x8960 ran 10-15% slower than with 64 rows read from L3 (one thread) */
+    int64_t mbs = 2097152 / (2 * K);
+    mbs = mbs < 2 ? 2 : (mbs > GMB ? GMB : mbs & ~(int64_t)1);
+    for (int64_t mb = 0; mb < M; mb += mbs) {
+        const int64_t me = M < mb + mbs ? M : mb + mbs;
+        for (int64_t n = n0; n < n1; n += NR) {
+            const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
+            for (int r = 0; r < nr; r++) { /* the block's rows only */
+                memset(b->acc[r], 0, sizeof b->acc[r][0] * (me - mb));
+                memset(b->off[r], 0, sizeof b->off[r][0] * (me - mb));
+            }
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                for (int r = 0; r < nr; r++) {
+                    const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
+                    if (q6)
+                        unpack_q6k(w, kc / 256, b->w + 16 * r, &b->d[0][r]);
+                    else
+                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + 16 * r, &b->d[0][r],
+                                  b->mn[r]);
+                }
+                for (int64_t m = mb; m < me; m += 2)
+                    gemm_micro(b, nr, me - m < 2 ? 1 : 2, fw, xq, xs, K, G, k0, kc, m, m - mb);
+                if (!q6)
+                    gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
+            }
+            for (int r = 0; r < nr; r++) {
+                const float bias_n = bias ? bias[n + r] : 0.f;
+                for (int64_t m = mb; m < me; m++) {
+                    /* finish_rows' arithmetic, off = 0 */
+                    const float out = hsum8(_mm256_add_ps(_mm256_loadu_ps(b->acc[r][m - mb]),
+                                                          _mm256_loadu_ps(b->off[r][m - mb]))) + 0.f;
+                    y[m * N + n + r] = out + bias_n;
+                }
+            }
+        }
+    }
+}
+
+int gemm_share(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
+               const int16_t *xq, const float *xs, const float *xsum, int64_t M, int64_t K,
+               float *y, int64_t N, const float *bias) {
+    gemm_buf *b = aligned_alloc(64, (sizeof(gemm_buf) + 63) / 64 * 64);
+    if (!b)
+        return -2;
+    memset(b->d, 0, sizeof b->d); /* a partial group of rows multiplies unused lanes */
+    gemm_rows(type, W, row_bytes, n0, n1, xq, xs, xsum, M, K, y, N, bias, b);
+    free(b);
+    return 0;
+}

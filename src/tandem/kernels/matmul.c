@@ -1,0 +1,104 @@
+/* The OpenMP driver of the matrix products: scratch for the quantized activations, the
+ * checks, and the choice between the row-by-row kernels (rowdot16.c, rowdot8.c) and the prompt
+ * kernel (gemm.c) for each product: products of at least `prompt_rows` activation rows with
+ * K-quant weights and int16 activations take the prompt kernel. Both give the same bits. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "blocks.h"
+
+#define MB 64 /* activation rows per block of the loop over weight rows */
+#define TILE 32768 /* bytes of weight rows per tile */
+
+int64_t tq_block_bytes(int type) { return block_bytes(type); }
+
+int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K) {
+    s->xq = aligned_alloc(64, ((M * K * 2 + 63) / 64) * 64); /* int16 or int8 */
+    s->xs = malloc(sizeof(float) * M * (K / 32));
+    s->xsum = malloc(sizeof(float) * M * (K / 32));
+    s->bs = malloc(sizeof(int16_t) * M * (K / 16));
+    if (!s->xq || !s->xs || !s->xsum || !s->bs) {
+        tq_scratch_free(s);
+        return -2;
+    }
+    return 0;
+}
+
+void tq_scratch_free(tq_scratch *s) {
+    free(s->xq); free(s->xs); free(s->xsum); free(s->bs);
+    s->xq = NULL; s->xs = s->xsum = NULL; s->bs = NULL;
+}
+
+int tq_matmul_check(int type, int64_t K, int bits) {
+    return block_bytes(type) != 0 && K % block_weights(type) == 0 && (bits == 8 || bits == 16);
+}
+
+/* Called by every thread of an OpenMP team (inside a parallel region); returns after a barrier,
+ * with y complete. s: scratch for M rows of K (tq_scratch_alloc). The caller has checked the
+ * arguments with tq_matmul_check. */
+void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+                    float *y, const float *bias, int bits, const tq_scratch *s,
+                    int64_t prompt_rows) {
+    const int64_t row_bytes = K / block_weights(type) * block_bytes(type), G = K / 32;
+    const int qb = (int)block_weights(type); /* activation scale per weight block */
+    void *xq = s->xq;
+    float *xs = s->xs, *xsum = s->xsum;
+    int16_t *bs = s->bs;
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        if (bits == 16)
+            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K,
+                         (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
+        else
+            quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
+                          bs + m * (K / 16));
+    }
+    /* implicit barrier. Rows of x in blocks of MB (a prefill chunk has hundreds): each block's
+     * activations stay in cache while every weight row passes over them. */
+    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    /* this thread's share of the weight rows, in tiles of <= 32 KiB that stay in cache while
+     * every MR-row pass of the block goes over them */
+    const int64_t n0 = N * it / nt, n1 = N * (it + 1) / nt;
+    if (bits == 16 && M >= prompt_rows && gemm_type(type) &&
+        gemm_share(type, W, row_bytes, n0, n1, (const int16_t *)xq, xs, xsum, M, K, y, N,
+                   bias) == 0) {
+#pragma omp barrier
+        return;
+    }
+    const int64_t tile = row_bytes >= TILE ? 1 : TILE / row_bytes;
+    for (int64_t mb = 0; mb < M; mb += MB) {
+        const int64_t me = M < mb + MB ? M : mb + MB;
+        for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+            const int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;
+            for (int64_t m0 = mb; m0 < me; m0 += MR) {
+                const int mr = me - m0 < MR ? (int)(me - m0) : MR;
+                if (bits == 16) {
+                    acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
+                    ROW_DOTS[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                } else {
+                    acts8_t A = {(int8_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G,
+                                 bs + m0 * (K / 16), K, G};
+                    ROW_DOTS8[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                }
+            }
+        }
+    }
+#pragma omp barrier
+}
+
+/* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the
+ * activations are quantized; prompt_rows: see the top of this file. Returns 0, or -1 for an
+ * unsupported type, K or bits, -2 when out of memory. */
+int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+              float *y, const float *bias, int nthreads, int bits, int64_t prompt_rows) {
+    if (!tq_matmul_check(type, K, bits) || M <= 0)
+        return -1;
+    tq_scratch s;
+    if (tq_scratch_alloc(&s, M, K) != 0)
+        return -2;
+#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
+    tq_matmul_team(type, W, N, K, x, M, y, bias, bits, &s, prompt_rows);
+    tq_scratch_free(&s);
+    return 0;
+}

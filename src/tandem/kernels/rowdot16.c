@@ -1,0 +1,165 @@
+/* The row-by-row kernels with int16 activations: one weight row against up to MR activation rows
+ * per pass (decode, verification). */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "blocks.h"
+
+/* ---- one group of 32 weights against `mr` activation rows ------------------------------- */
+
+/* acc[m] += (wscale * s_m) * sum(w16 * xq_m) ; off[m] += woff * sum_m, for group g */
+#define GROUP(w0, w1, wscale, woff, g)                                                        \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            const int16_t *xq = A->q + m * A->K + 32 * (g);                                   \
+            __m256i p = _mm256_add_epi32(                                                      \
+                _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xq)),                \
+                _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + 16))));        \
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                                    \
+                                     _mm256_set1_ps((wscale) * A->s[m * A->G + (g)]), acc[m]); \
+            off[m] += (woff) * A->sum[m * A->G + (g)];                                         \
+        }                                                                                     \
+    } while (0)
+
+/* isum[m] += sum over 64 weights (four int16 x 16 vectors) at activation offset o */
+#define DOT64(v0, v1, v2, v3, o)                                                              \
+    do {                                                                                      \
+        for (int m = 0; m < mr; m++) {                                                        \
+            const __m256i *xq = (const __m256i *)(A->q + m * A->K + (o));                     \
+            __m256i p = _mm256_add_epi32(_mm256_madd_epi16(v0, _mm256_loadu_si256(xq)),       \
+                                         _mm256_madd_epi16(v1, _mm256_loadu_si256(xq + 1)));  \
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(v2, _mm256_loadu_si256(xq + 2)));       \
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(v3, _mm256_loadu_si256(xq + 3)));       \
+            isum[m] = _mm256_add_epi32(isum[m], p);                                           \
+        }                                                                                     \
+    } while (0)
+
+/* One weight row (its blocks at w) against up to MR activation rows: out[m] = dot.
+ * Always inlined into the row loops for mr = 1..MR (ROW_DOT_TABLE) so that mr is a constant. */
+static inline __attribute__((always_inline)) void row_dot(int type, const uint8_t *w, const acts_t *A, int mr, float *out) {
+    __m256 acc[MR], offv[MR];
+    __m256i isum[MR];
+    float off[MR];
+    for (int m = 0; m < MR; m++) {
+        acc[m] = offv[m] = _mm256_setzero_ps();
+        isum[m] = _mm256_setzero_si256();
+        off[m] = 0.f;
+    }
+    const int64_t G = A->G;
+    switch (type) {
+    case T_Q4_0:
+        for (int64_t g = 0; g < G; g++, w += 18) {
+            const float d = f16(w);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + 2));
+            __m256i w0 = lo16(b), w1 = hi16(b);
+            GROUP(w0, w1, d, -8.f * d, g);
+        }
+        break;
+    case T_Q4_1:
+        for (int64_t g = 0; g < G; g++, w += 20) {
+            const float d = f16(w), mm = f16(w + 2);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + 4));
+            __m256i w0 = lo16(b), w1 = hi16(b);
+            GROUP(w0, w1, d, mm, g);
+        }
+        break;
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int hasm = type == T_Q5_1, bs = hasm ? 24 : 22;
+        for (int64_t g = 0; g < G; g++, w += bs) {
+            const float d = f16(w), mm = hasm ? f16(w + 2) : -16.f * d;
+            uint32_t qh;
+            memcpy(&qh, w + 2 + 2 * hasm, 4);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + 6 + 2 * hasm));
+            __m256i w0 = _mm256_or_si256(lo16(b), bit16(qh & 0xFFFF));
+            __m256i w1 = _mm256_or_si256(hi16(b), bit16(qh >> 16));
+            GROUP(w0, w1, d, mm, g);
+        }
+        break;
+    }
+    case T_Q8_0:
+        for (int64_t g = 0; g < G; g++, w += 34) {
+            const float d = f16(w);
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2)));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 18)));
+            GROUP(w0, w1, d, 0.f, g);
+        }
+        break;
+    case T_Q4_K:
+    case T_Q5_K: {
+        /* integer sums over the whole super-block: q * sc <= 31 * 63 and |x| <= 16383, so
+         * 16 madd pairs per lane stay below 2^31; one float step per 256 weights */
+        const int five = type == T_Q5_K, bs = five ? 176 : 144;
+        for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
+            const float d = f16(w), dmin = f16(w + 2);
+            __m256i sc16, qh;
+            __m256 mnv;
+            const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
+            for (int c = 0; c < 4; c++) {
+                __m256i v[4];
+                if (mr <= 2) { /* the scale after the sums: two 32-bit multiplies per row
+                                * instead of four 16-bit ones per chunk (same integers) */
+                    k4_nibbles(five, qs, qh, c, v);
+                    const __m256i s0 = dword_bcast(sc16, 2 * c), s1 = dword_bcast(sc16, 2 * c + 1);
+                    for (int m = 0; m < mr; m++) {
+                        const __m256i *xq = (const __m256i *)(A->q + m * A->K + 256 * sb + 64 * c);
+                        const __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(v[0], _mm256_loadu_si256(xq)),
+                                                            _mm256_madd_epi16(v[1], _mm256_loadu_si256(xq + 1)));
+                        const __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(v[2], _mm256_loadu_si256(xq + 2)),
+                                                            _mm256_madd_epi16(v[3], _mm256_loadu_si256(xq + 3)));
+                        isum[m] = _mm256_add_epi32(isum[m], _mm256_add_epi32(_mm256_mullo_epi32(p0, s0),
+                                                                             _mm256_mullo_epi32(p1, s1)));
+                    }
+                } else {
+                    k4_chunk(five, qs, qh, sc16, c, v);
+                    DOT64(v[0], v[1], v[2], v[3], 256 * sb + 64 * c);
+                }
+            }
+            FLUSH(d, 8 * sb);
+            /* the offsets: -dmin * sum_j mn[j] * sum(x of group j) */
+            const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv);
+            for (int m = 0; m < mr; m++)
+                offv[m] = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(A->sum + m * G + 8 * sb), offv[m]);
+        }
+        break;
+    }
+    case T_Q6_K: {
+        /* 8 madd pairs per lane per half stay < 2^31 */
+        for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
+            const uint8_t *ql = w, *qh = w + 128;
+            const int8_t *sc = (const int8_t *)(w + 192);
+            const float d = f16(w + 208);
+            const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+            for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+                /* sc[8h .. 8h+7] as int16 in both lanes */
+                const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
+                                      : _mm256_permute2x128_si256(scw, scw, 0x00);
+                /* lanes l = 0..15 and 16..31 of this half feed four groups of 32 weights */
+                for (int part = 0; part < 2; part++) {
+                    const int l = 16 * part;
+                    __m256i q[4];
+                    q6_part(ql, qh, sch, part, q);
+                    const __m256i v0 = q[0], v1 = q[1], v2 = q[2], v3 = q[3];
+                    /* weights l.., l+32.., l+64.., l+96.. of this half */
+                    const int64_t o = 256 * sb + 128 * h + l;
+                    for (int m = 0; m < mr; m++) {
+                        const int16_t *xq = A->q + m * A->K + o;
+                        __m256i p = _mm256_add_epi32(
+                            _mm256_madd_epi16(v0, _mm256_loadu_si256((const __m256i *)xq)),
+                            _mm256_madd_epi16(v1, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(v2, _mm256_loadu_si256((const __m256i *)(xq + 64))));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(v3, _mm256_loadu_si256((const __m256i *)(xq + 96))));
+                        isum[m] = _mm256_add_epi32(isum[m], p);
+                    }
+                }
+                FLUSH(d, 8 * sb);
+            }
+        }
+        break;
+    }
+    }
+    finish_rows(acc, offv, off, mr, out);
+}
+
+ROW_DOT_TABLE(row_dot, acts_t, ROW_DOTS);

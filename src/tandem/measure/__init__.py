@@ -1,0 +1,16 @@
+"""Measurement: `tandem bench` (serve, measure in turns, report) and `tandem compare` (is the
+candidate faster on the same work?), over runs of scripts/speculative-benchmark.py.
+
+    bench.py       the `tandem bench` command: flags, one pair or the sweep  (add_arguments, run)
+    plan.py        what runs, checked before any server loads: configurations (Variant), models,
+                   client, prompts, the out dir and command.txt (Plan, make_plan)
+    servers.py     `tandem serve` / llama-server subprocesses, their command lines, the client
+                   runs in ABBA turns and the merge of their per-pass files
+    ranking.py     the sweep's ranking of configurations against one baseline, text and Markdown
+    compare.py     the `tandem compare` command: equal-work check, spreads, speed-ups, report
+                   (add_arguments, run), and the figures bench reports with
+    sidebyside.py  llama.cpp side by side (--llama-server), from compare's figures
+
+The benchmark client itself is scripts/speculative-benchmark.py, standard library only, so that
+it runs against llama-server or Tandem without installing Tandem.
+"""
