@@ -2,6 +2,7 @@
  *
  *   gcc -O3 -mavx2 -mfma -mf16c -fopenmp -o /tmp/kernel_bench experiments/kernel_bench.c \
  *       $(find src/tandem/kernels -name "*.c") -lm
+ * (the AVX-512 build: add -mavx512f -mavx512bw -mavx512vl -mavx512vnni, as kernels.VARIANTS)
  *   /tmp/kernel_bench TYPE ROWS BITS [N K]     e.g. /tmp/kernel_bench 12 1 16 8960 1536
  *
  * TYPE is the ggml type id (8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K); ROWS activation rows; BITS 16 or

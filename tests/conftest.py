@@ -51,6 +51,31 @@ def real_gguf():
     return open_
 
 
+# ---- kernels -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["avx512", "avx512-simde"])
+def kernel_build(request) -> str:
+    """An AVX-512 build of the kernels, to hold against the AVX2 build: native where the CPU
+    has AVX-512 VNNI, and over SIMDe (Debian libsimde-dev, which .ci/run installs) on any
+    x86-64. A build that should load here and does not is a failure, not a skip."""
+    from pathlib import Path
+
+    from tandem import kernels
+
+    build = request.param
+    if kernels.unavailable_reason("avx2") is not None:
+        pytest.skip(f"native kernels unavailable: {kernels.unavailable_reason('avx2')}")
+    if kernels.unavailable_reason(build) is None:
+        return build
+    cpu = kernels._cpu_flags()
+    if build == "avx512" and not all(f in cpu for f in kernels.VARIANTS["avx512"][1]):
+        pytest.skip("this CPU has no AVX-512 VNNI (the avx512-simde build runs that code)")
+    if build == "avx512-simde" and not Path("/usr/include/simde/x86/avx512.h").exists():
+        pytest.skip("SIMDe headers missing (Debian libsimde-dev; .ci/run installs them)")
+    pytest.fail(f"build {build} is unavailable: {kernels.unavailable_reason(build)}")
+
+
 # ---- measurement (test_compare.py, test_bench_run.py) ----------------------------------------
 
 

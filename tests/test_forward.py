@@ -129,3 +129,25 @@ def test_draft_shortlist_reads_rows_of_the_blocks(qmodel_path):
     h = torch.randn(m.args.dim)
     full = m.model.output(h[None])[0]
     assert torch.equal(short.logits(h), full[short.ids])
+
+
+def test_every_build_runs_the_layers_to_the_same_bits(qmodel_path, kernel_build):
+    """Whole decoder layers (forward.c: norms, rope, attention, SiLU and the products) give
+    the AVX2 build's hidden states and cache bit for bit in the AVX-512 builds: a 17-row
+    prompt pass and a one-row decode after it, int16 and int8 activations."""
+    for bits in ("int16", "int8"):
+        m = _load(qmodel_path, bits)
+        tm = m.model
+        out = {}
+        for b in ("avx2", kernel_build):
+            layers = kernels.NativeLayers(m.args, list(tm.layers), tm.cos, tm.sin,
+                                          16 if bits == "int16" else 8, kernels.PROMPT_ROWS,
+                                          build=b)
+            cache = KVCache(m.args, 1, 128, torch.float32)
+            x = tm.tok_embeddings[torch.tensor(PROMPT)].float()
+            prompt = layers.forward(x, cache.k, cache.v, [0] * len(PROMPT),
+                                    list(range(len(PROMPT))), threads=2)
+            one = layers.forward(x[:1], cache.k, cache.v, [0], [len(PROMPT)], threads=2)
+            out[b] = (prompt, one, cache.k.clone(), cache.v.clone())
+        for want, got in zip(out["avx2"], out[kernel_build]):
+            assert torch.equal(got, want), bits

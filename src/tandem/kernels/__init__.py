@@ -9,6 +9,8 @@ so both share one thread pool. At load the ctypes mirror of forward.c's structs 
 _Layer, _Model) is checked field by field against the C layout (tq_layout), and every type of
 choices.KERNEL_TYPES against tq_block_bytes; a mismatch makes the library unusable.
 
+There is one build per VARIANTS entry (AVX2, AVX-512 with VNNI, and the AVX-512 code over SIMDe
+for tests); all give the same bits, and the fastest one this CPU runs is used (`in_use()`).
 Nothing else depends on it: on a CPU without AVX2/FMA/F16C, with no compiler, or when the build
 or those checks fail, `available()` is False and `unavailable_reason()` says why. The module
 has no switches of its own: the thread count, the activation rounding and the prompt-kernel
@@ -38,6 +40,17 @@ SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "gemm.
 HEADERS = [HERE / "tq.h", HERE / "blocks.h"]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+# The builds of the same sources: name -> (extra compiler flags, CPU flags it needs). Every
+# variant gives the same bits (blocks.h: 512-bit integer sums are folded to the 256-bit ones
+# before any float arithmetic); the fastest one this CPU runs is the default (`variant()`).
+# avx512-simde is the AVX-512 code compiled with SIMDe's portable intrinsics (Debian's
+# libsimde-dev): slow, for testing that code on a machine without AVX-512.
+VARIANTS = {
+    "avx2": ([], ()),
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+               ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    "avx512-simde": (["-DTQ_SIMDE"], ()),
+}
 # Products of at least this many activation rows (K-quant weights, int16 activations) take the
 # prompt kernel (gemm.c: weights unpacked once per block of rows), fewer the row-by-row kernels
 # (same bits). Decode and verification (at most MR = 10 rows: 8 or 9 drafted tokens) stay on
@@ -54,9 +67,8 @@ def prompt_rows(prompt_kernel: bool) -> int:
     return PROMPT_ROWS if prompt_kernel else ROW_BY_ROW
 
 _lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_reason: str | None = None
-_loaded = False
+_libs: dict[str, ctypes.CDLL | None] = {}  # variant -> the loaded library (None: failed)
+_reasons: dict[str, str] = {}  # variant -> why it is unavailable
 
 
 def _cpu_flags() -> set[str]:
@@ -123,23 +135,32 @@ def _layout_error(layout: dict[str, tuple[int, int]], mirrors=None) -> str | Non
     return None
 
 
-def _build() -> ctypes.CDLL:
-    missing = [f for f in REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
+def variant() -> str:
+    """The build the kernels use on this CPU: avx512 where it has AVX512F/BW/VL and VNNI."""
+    cpu = _cpu_flags()
+    return "avx512" if all(f in cpu for f in VARIANTS["avx512"][1]) else "avx2"
+
+
+def _build(name: str | None = None) -> ctypes.CDLL:
+    name = variant() if name is None else name
+    extra, needs = VARIANTS[name]
+    missing = [f for f in (*REQUIRED_CPU_FLAGS, *needs) if f not in _cpu_flags()]
     if missing:
         raise OSError(f"this CPU lacks {', '.join(missing)}")
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler (gcc or cc) on PATH")
+    flags = [*CFLAGS, *extra]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(b"".join(f.name.encode() + b"\0" + f.read_bytes()
                                   for f in SOURCES + HEADERS)
-                         + " ".join(CFLAGS).encode() + version.encode())
-    out = _cache_dir() / f"tq-{key.hexdigest()[:16]}.so"
+                         + " ".join(flags).encode() + version.encode())
+    out = _cache_dir() / f"tq-{name}-{key.hexdigest()[:16]}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
+        r = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"],
                            capture_output=True, text=True)
         if r.returncode != 0:
             os.unlink(tmp)
@@ -167,16 +188,24 @@ def _build() -> ctypes.CDLL:
     return lib
 
 
-def _load() -> ctypes.CDLL | None:
-    global _lib, _reason, _loaded
+def _load(name: str | None = None) -> ctypes.CDLL | None:
+    """The library of a variant, built and loaded once per process; by default this CPU's best
+    (`variant()`), or the AVX2 build where that one fails to build."""
+    if name is None:
+        return _load(in_use())
     with _lock:
-        if not _loaded:
-            _loaded = True
+        if name not in _libs:
             try:
-                _lib = _build()
+                _libs[name] = _build(name)
             except OSError as e:
-                _reason = str(e)
-    return _lib
+                _libs[name], _reasons[name] = None, str(e)
+    return _libs[name]
+
+
+def in_use() -> str:
+    """The variant the kernels run here: variant(), unless it fails to build, then avx2."""
+    best = variant()
+    return best if _load(best) is not None else "avx2"
 
 
 def available() -> bool:
@@ -184,33 +213,35 @@ def available() -> bool:
     return _load() is not None
 
 
-def unavailable_reason() -> str | None:
-    _load()
-    return _reason
+def unavailable_reason(name: str | None = None) -> str | None:
+    """Why a variant (default: this CPU's) cannot be used, or None."""
+    name = in_use() if name is None else name
+    return None if _load(name) is not None else _reasons[name]
 
 
 def supports(type_name: str) -> bool:
     return type_name in KERNEL_TYPES and available()
 
 
-def _lib_or_raise() -> ctypes.CDLL:
-    lib = _load()
+def _lib_or_raise(name: str | None = None) -> ctypes.CDLL:
+    lib = _load(name)
     if lib is None:
-        raise TandemError(f"native kernels unavailable: {_reason}")
+        raise TandemError(f"native kernels unavailable: {unavailable_reason(name)}")
     return lib
 
 
 def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
            bias: torch.Tensor | None = None, *, bits: int = 16, threads: int = 1,
-           prompt_rows: int = PROMPT_ROWS) -> torch.Tensor:
+           prompt_rows: int = PROMPT_ROWS, build: str | None = None) -> torch.Tensor:
     """x (..., K) float32 -> (..., N) float32 = x @ W.T + bias, W the GGUF blocks (N rows).
 
     bits: how the kernel quantizes the activations per block, 16 (default; error <= 1/32766
     of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster). threads: the
     OpenMP threads to run on. prompt_rows: see PROMPT_ROWS (1 << 62: the row-by-row kernel for
-    every product). The result does not depend on threads, prompt_rows or the other rows.
+    every product). build: a VARIANTS name (default: this CPU's, `variant()`). The result does
+    not depend on threads, prompt_rows, the build or the other rows.
     """
-    lib = _lib_or_raise()
+    lib = _lib_or_raise(build)
     rows = x.reshape(-1, k)
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.float().contiguous()
@@ -223,10 +254,10 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     return y.view(*x.shape[:-1], n)
 
 
-def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int, *, threads: int = 1
-               ) -> torch.Tensor:
+def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int, *, threads: int = 1,
+               build: str | None = None) -> torch.Tensor:
     """The (N, K) float32 weights of GGUF blocks."""
-    lib = _lib_or_raise()
+    lib = _lib_or_raise(build)
     out = torch.empty(n, k, dtype=torch.float32)
     rc = lib.tq_dequantize(KERNEL_TYPES[type_name], blocks.ctypes.data, n, k, out.data_ptr(),
                            threads)
@@ -274,7 +305,8 @@ class NativeLayers:
     """
 
     def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, bits: int,
-                 prompt_rows: int):
+                 prompt_rows: int, build: str | None = None):
+        self.build = build  # a VARIANTS name, None: this CPU's
         self._keep: list[object] = [cos, sin]
         self._layers = (_Layer * len(layers))()
         for i, blk in enumerate(layers):
@@ -324,7 +356,7 @@ class NativeLayers:
         """x (M, dim) float32, row m the token at positions[m] of cache slot slots[m]; returns
         the hidden states after the last layer (M, dim), on `threads` OpenMP threads. Writes
         each row's keys and values."""
-        lib = _lib_or_raise()
+        lib = _lib_or_raise(self.build)
         x = x.float().contiguous().clone()
         m = x.shape[0]
         slot_a = (ctypes.c_int64 * m)(*slots)

@@ -25,7 +25,10 @@ static inline float block_amax(const float *x, int64_t n) {
 
 /* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums.
  * split: each group of 32 stored as its 16 even-indexed values, then its 16 odd-indexed ones,
- * the order in which the Q4_K / Q5_K kernels take the weights apart (k4_nibbles). */
+ * the order in which the Q4_K / Q5_K kernels take the weights apart (k4_nibbles). With
+ * split == 2 (the AVX-512 build) the 16-value halves of each 128 values (groups 0..3) are
+ * moreover stored as 0e 2e 0o 2o 1e 3e 1o 3o: the halves of two chunks that one 512-bit
+ * vector of unpacked weights meets. */
 void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,
                   float *sum) {
     /* per 128-bit lane: words 0 2 4 6 1 3 5 7 */
@@ -52,8 +55,14 @@ void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, floa
                 p0 = _mm256_permute2x128_si256(e0, e1, 0x20);
                 p1 = _mm256_permute2x128_si256(e0, e1, 0x31);
             }
-            _mm256_storeu_si256((__m256i *)(q + 32 * g), p0);
-            _mm256_storeu_si256((__m256i *)(q + 32 * g + 16), p1);
+            int16_t *at0 = q + 32 * g, *at1 = q + 32 * g + 16;
+            if (split == 2) { /* even half to slot 4 (i % 2) + i / 2, odd half 2 slots on */
+                const int i = (int)(g % 4);
+                at0 = q + 128 * (g / 4) + 16 * (4 * (i % 2) + i / 2);
+                at1 = at0 + 32;
+            }
+            _mm256_storeu_si256((__m256i *)at0, p0);
+            _mm256_storeu_si256((__m256i *)at1, p1);
             float ts[8], tsum = 0.f;
             _mm256_storeu_ps(ts, t);
             for (int i = 0; i < 8; i++)
@@ -66,23 +75,24 @@ void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, floa
 
 /* ---- int8 per block of `qb` (llama.cpp's Q8_K / Q8_0; rowdot8.c takes them) -------------
  * x~ = d * q8, d = max|x| / 127 per block of 256 (K-quants) or 32, |x - x~| <= d / 2.
- * q: K int8; s, sum: as quantize_row's; bs: K/16 sums of the int8 values. */
+ * q: K int8 (see pairs); s: as quantize_row's; sum: per 32-group s * (sum of q); bs: K/16
+ * sums of q (in the order of x, whatever pairs says). */
 
 void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
-                   int16_t *bs) {
+                   int16_t *bs, int pairs) {
+    /* pairs: each 128 values stored as their 32-groups 0, 2, 1, 3: the AVX-512 Q4_K / Q5_K
+     * kernel then reads the activations of two chunks' low nibbles (groups 0 and 2), and of
+     * their high nibbles (1 and 3), with one 512-bit load each */
+    static const int slot[4] = {0, 2, 1, 3};
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t b0 = 0; b0 < K; b0 += qb) {
         const float amax = block_amax(x + b0, qb);
         const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
         for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
             const float *xg = x + 32 * g;
-            __m256 t = _mm256_setzero_ps();
             __m256i i32[4];
-            for (int i = 0; i < 4; i++) {
-                const __m256 v = _mm256_loadu_ps(xg + 8 * i);
-                t = _mm256_add_ps(t, v);
-                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
-            }
+            for (int i = 0; i < 4; i++)
+                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * i), inv));
             for (int h = 0; h < 2; h++) { /* sums of the int8 values per 16 */
                 int32_t v[8], acc = 0;
                 _mm256_storeu_si256((__m256i *)v, _mm256_add_epi32(i32[2 * h], i32[2 * h + 1]));
@@ -92,13 +102,16 @@ void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float
             }
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]),
                                            _mm256_packs_epi32(i32[2], i32[3]));
-            _mm256_storeu_si256((__m256i *)(q + 32 * g), _mm256_permutevar8x32_epi32(p, order));
-            float ts[8], tsum = 0.f;
-            _mm256_storeu_ps(ts, t);
-            for (int i = 0; i < 8; i++)
-                tsum += ts[i];
+            const int64_t at = pairs ? g - g % 4 + slot[g % 4] : g;
+            _mm256_storeu_si256((__m256i *)(q + 32 * at), _mm256_permutevar8x32_epi32(p, order));
             s[g] = amax / 127.f;
-            sum[g] = tsum;
+            /* the sum of the rounded values, as llama.cpp's Q8 blocks carry it: the weights'
+             * offsets (mins, Q4_0's -8 d, ...) then meet the same activations as the q do, and
+             * their rounding errors cancel. With the float sum of x instead, a Q4_K product's
+             * error was ~3x that of rounding x to Q8_K (mean |error| 0.110 against 0.038 on
+             * blk.3.ffn_up of the default target), and the target's next-token KL divergence
+             * from float32 activations 0.0096 against llama.cpp's 0.0022 */
+            sum[g] = s[g] * (float)(bs[2 * g] + bs[2 * g + 1]);
         }
     }
 }

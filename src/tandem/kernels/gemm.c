@@ -25,16 +25,23 @@
 typedef struct {
     /* q times its sub-block scale; vector v (the weights of activations 16v..16v+15 as they
      * are stored: split for Q4_K / Q5_K) of row r at w + (v*NR + r)*16, so the micro-kernel
-     * reads one stream */
+     * reads one stream (AVX-512: vectors 2u and 2u+1 of row r side by side at
+     * w + (u*NR + r)*32, one 512-bit load against activations 32u..32u+31) */
     int16_t w[KC * NR];
     float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
     float mn[NR][KC / 256][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
     float acc[NR][GMB][8], off[NR][GMB][8];
 } gemm_buf;
 
+#if TQ_AVX512
+#define ROWW 32 /* row r's vectors start at buffer + ROWW r */
+#define VEC(out, v) ((__m256i *)((out) + ((int64_t)(v) >> 1) * NR * 32 + ((v) & 1) * 16))
+#else
+#define ROWW 16
 #define VEC(out, v) ((__m256i *)((out) + (int64_t)(v) * NR * 16)) /* vector v of a row */
+#endif
 
-/* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + 16 r), d (flush group f
+/* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + ROWW r), d (flush group f
  * at d[f * NR]), mn */
 static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
                       float (*mn)[8]) {
@@ -49,7 +56,11 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
             __m256i q[4];
             k4_chunk(five, qs, qh, sc16, c, q);
             for (int i = 0; i < 4; i++) /* in the order of the split activations */
+#if TQ_AVX512 /* ... stored in pairs of chunks (quantize_row, split 2) */
+                _mm256_storeu_si256(VEC(out, 16 * sb + 8 * (c / 2) + 2 * i + c % 2), q[i]);
+#else
                 _mm256_storeu_si256(VEC(out, 16 * sb + 4 * c + i), q[i]);
+#endif
         }
     }
 }
@@ -75,6 +86,33 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
     }
 }
 
+#if TQ_AVX512
+/* The AVX-512 micro-kernel: s[2r + i] (16 int32 lanes) += the products of vectors 2u, 2u+1 of
+ * row r with x_i[32u..32u+31], one vpdpwssd, for u < nv / 2; nr rows (1..NR). fold512 then
+ * gives micro_4x2's sums. */
+static inline __attribute__((always_inline)) void micro_512(const int16_t *w, const int16_t *x0,
+                                                            const int16_t *x1, int64_t nv, int nr,
+                                                            __m256i out[2 * NR]) {
+    __m512i s[2 * NR];
+    for (int i = 0; i < 2 * NR; i++)
+        s[i] = _mm512_setzero_si512();
+    for (int64_t u = 0; u < nv / 2; u++) {
+        const __m512i a0 = _mm512_loadu_si512((const void *)(x0 + 32 * u));
+        const __m512i a1 = _mm512_loadu_si512((const void *)(x1 + 32 * u));
+        for (int r = 0; r < NR; r++) {
+            if (r < nr) {
+                const __m512i wv = _mm512_loadu_si512((const void *)(w + (u * NR + r) * 32));
+                s[2 * r] = _mm512_dpwssd_epi32(s[2 * r], wv, a0);
+                s[2 * r + 1] = _mm512_dpwssd_epi32(s[2 * r + 1], wv, a1);
+            }
+        }
+    }
+    for (int i = 0; i < 2 * NR; i++)
+        out[i] = fold512(s[i]);
+}
+#endif
+
+#if !TQ_AVX512
 /* s[2r + i] += madd(vector j of row r, x_i[16j..]) for j < nv and the 4 rows: the inner loop in
  * assembly because gcc 12 compiles the same C into a copy of every accumulator per step and
  * runs 1.5x slower (measured). w: the buffer at the first vector; x0, x1: activation rows. */
@@ -118,6 +156,7 @@ static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t 
             : "memory", "cc");
     s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3; s[4] = s4; s[5] = s5; s[6] = s6; s[7] = s7;
 }
+#endif
 
 /* nr unpacked rows (chunk of kc weights from k0) against activation rows m and m + 1 (ma of
  * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale).
@@ -135,6 +174,12 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
             s[i] = _mm256_setzero_si256();
         const int16_t *x0 = xq + m * K + k0 + f * fw, *x1 = ma > 1 ? x0 + K : x0;
         const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
+#if TQ_AVX512
+        if (nr == NR)
+            micro_512(w, x0, x1, nv, NR, s);
+        else
+            micro_512(w, x0, x1, nv, nr, s);
+#else
         if (nr == NR) {
             micro_4x2(w, x0, x1, nv, s);
         } else { /* the last rows of a thread's share */
@@ -148,6 +193,7 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                 }
             }
         }
+#endif
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
         /* row_dot's scalar products d * x scale, four weight rows per multiply (the unused lanes
          * of a partial group hold zero or an earlier group's scale: multiplied, never read) */
@@ -222,9 +268,9 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                 for (int r = 0; r < nr; r++) {
                     const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
                     if (q6)
-                        unpack_q6k(w, kc / 256, b->w + 16 * r, &b->d[0][r]);
+                        unpack_q6k(w, kc / 256, b->w + ROWW * r, &b->d[0][r]);
                     else
-                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + 16 * r, &b->d[0][r],
+                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
                                   b->mn[r]);
                 }
                 for (int64_t m = mb; m < me; m += 2)

@@ -48,11 +48,11 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) {
         if (bits == 16)
-            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K,
+            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K ? 1 + TQ_AVX512 : 0,
                          (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
         else
             quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
-                          bs + m * (K / 16));
+                          bs + m * (K / 16), TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
     }
     /* implicit barrier. Rows of x in blocks of MB (a prefill chunk has hundreds): each block's
      * activations stay in cache while every weight row passes over them. */
@@ -66,7 +66,10 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
 #pragma omp barrier
         return;
     }
-    const int64_t tile = row_bytes >= TILE ? 1 : TILE / row_bytes;
+    /* one pass of at most MR rows (decode, verification) reads each weight row once: no
+     * tiles, so the row loop's prefetch runs on across the whole share */
+    const int64_t tile = M <= MR ? (n1 > n0 ? n1 - n0 : 1)
+                                 : (row_bytes >= TILE ? 1 : TILE / row_bytes);
     for (int64_t mb = 0; mb < M; mb += MB) {
         const int64_t me = M < mb + MB ? M : mb + MB;
         for (int64_t t0 = n0; t0 < n1; t0 += tile) {

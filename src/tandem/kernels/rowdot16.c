@@ -46,6 +46,11 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
         isum[m] = _mm256_setzero_si256();
         off[m] = 0.f;
     }
+#if TQ_AVX512
+    __m512i isum5[MR]; /* the 512-bit integer sums, folded into isum once per super-block */
+    for (int m = 0; m < MR; m++)
+        isum5[m] = _mm512_setzero_si512();
+#endif
     const int64_t G = A->G;
     switch (type) {
     case T_Q4_0:
@@ -96,6 +101,52 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
             __m256i sc16, qh;
             __m256 mnv;
             const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
+#if TQ_AVX512
+            /* chunks c and c + 1 in one vector each of v0..v3 (k4_nibbles' four), times their
+             * sub-block scales (q * sc fits int16), against the activations stored in pairs */
+            (void)sc16;
+            uint8_t sm[16];
+            k4_unpack(w + 4, sm);
+            /* the eight scales as words, for vpermw to spread */
+            const __m512i scz = _mm512_castsi128_si512(
+                _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+            const __m512i m4z = _mm512_set1_epi16(0x000F), onez = _mm512_set1_epi16(1);
+            const __m512i qhz = _mm512_broadcast_i64x4(qh);
+            for (int c = 0; c < 4; c += 2) {
+                const __m512i q = _mm512_loadu_si512((const void *)(qs + 32 * c));
+                __m512i v[4];
+                v[0] = _mm512_and_si512(q, m4z);
+                v[1] = _mm512_and_si512(_mm512_srli_epi16(q, 8), m4z);
+                v[2] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z);
+                v[3] = _mm512_srli_epi16(q, 12);
+                /* v0, v1: sub-block 2c (2c + 2 in the high half); v2, v3: 2c + 1 (2c + 3) */
+                const __m512i s01 = _mm512_permutexvar_epi16(_mm512_inserti64x4(
+                    _mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 2)), 1), scz);
+                const __m512i s23 = _mm512_permutexvar_epi16(_mm512_inserti64x4(
+                    _mm512_set1_epi16((short)(2 * c + 1)), _mm256_set1_epi16((short)(2 * c + 3)), 1), scz);
+                for (int i = 0; i < 4; i++) {
+                    if (five) { /* the fifth bit: k4_nibbles' bit of qh, + 2 for chunk c + 1 */
+                        const int b = (i & 1 ? 8 : 0) + 2 * c + (i >> 1);
+                        const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)b),
+                                                              _mm256_set1_epi16((short)(b + 2)), 1);
+                        v[i] = _mm512_or_si512(v[i], _mm512_slli_epi16(_mm512_and_si512(
+                                                         _mm512_srlv_epi16(qhz, sh), onez), 4));
+                    }
+                    v[i] = _mm512_mullo_epi16(v[i], i < 2 ? s01 : s23);
+                }
+                for (int m = 0; m < mr; m++) {
+                    const int16_t *xq = A->q + m * A->K + 256 * sb + 64 * c;
+                    __m512i t = isum5[m];
+                    for (int i = 0; i < 4; i++)
+                        t = _mm512_dpwssd_epi32(t, v[i], _mm512_loadu_si512((const void *)(xq + 32 * i)));
+                    isum5[m] = t;
+                }
+            }
+            for (int m = 0; m < mr; m++) {
+                isum[m] = fold512(isum5[m]);
+                isum5[m] = _mm512_setzero_si512();
+            }
+#else
             for (int c = 0; c < 4; c++) {
                 __m256i v[4];
                 if (mr <= 2) { /* the scale after the sums: two 32-bit multiplies per row
@@ -116,6 +167,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
                     DOT64(v[0], v[1], v[2], v[3], 256 * sb + 64 * c);
                 }
             }
+#endif
             FLUSH(d, 8 * sb);
             /* the offsets: -dmin * sum_j mn[j] * sum(x of group j) */
             const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv);
@@ -131,6 +183,34 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
             const int8_t *sc = (const int8_t *)(w + 192);
             const float d = f16(w + 208);
             const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+#if TQ_AVX512
+            /* parts 0 and 1 of q6_part side by side: vector i holds weights 32i .. 32i + 31
+             * of the half, against 32 consecutive activations */
+            (void)scw;
+            const __m512i m4z = _mm512_set1_epi16(0x0F), m30z = _mm512_set1_epi16(0x30),
+                          k32 = _mm512_set1_epi16(32);
+            for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+                const __m512i A0 = widen_u8(_mm256_loadu_si256((const __m256i *)ql));
+                const __m512i B0 = widen_u8(_mm256_loadu_si256((const __m256i *)(ql + 32)));
+                const __m512i H = widen_u8(_mm256_loadu_si256((const __m256i *)qh));
+                __m512i v[4];
+                v[0] = _mm512_or_si512(_mm512_and_si512(A0, m4z), _mm512_and_si512(_mm512_slli_epi16(H, 4), m30z));
+                v[1] = _mm512_or_si512(_mm512_and_si512(B0, m4z), _mm512_and_si512(_mm512_slli_epi16(H, 2), m30z));
+                v[2] = _mm512_or_si512(_mm512_srli_epi16(A0, 4), _mm512_and_si512(H, m30z));
+                v[3] = _mm512_or_si512(_mm512_srli_epi16(B0, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30z));
+                for (int i = 0; i < 4; i++)
+                    v[i] = _mm512_mullo_epi16(_mm512_sub_epi16(v[i], k32), _mm512_inserti64x4(
+                        _mm512_set1_epi16(sc[8 * h + 2 * i]), _mm256_set1_epi16(sc[8 * h + 2 * i + 1]), 1));
+                for (int m = 0; m < mr; m++) {
+                    const int16_t *xq = A->q + m * A->K + 256 * sb + 128 * h;
+                    __m512i t = _mm512_setzero_si512();
+                    for (int i = 0; i < 4; i++)
+                        t = _mm512_dpwssd_epi32(t, v[i], _mm512_loadu_si512((const void *)(xq + 32 * i)));
+                    isum[m] = fold512(t);
+                }
+                FLUSH(d, 8 * sb);
+            }
+#else
             for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
                 /* sc[8h .. 8h+7] as int16 in both lanes */
                 const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
@@ -155,6 +235,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
                 }
                 FLUSH(d, 8 * sb);
             }
+#endif
         }
         break;
     }

@@ -36,6 +36,17 @@ static inline __m256i nibbles32(const uint8_t *qs) { /* 16 bytes -> 32 x u8: lo 
         }                                                                                     \
     } while (0)
 
+#if TQ_AVX512
+/* AVX-512 VNNI: vpdpbusd sums four u8 x s8 products per int32 lane without the int16
+ * saturation of maddubs; each such sum fits int16 (<= 4 * 63 * 127), so vpdpwssd against a
+ * dword holding the sub-block scale in its low word and 0 in its high word adds exactly
+ * scale * sum, which is the lane maddubs + madd(scale) gives in the AVX2 code. */
+static inline __m512i scales_lo_words(__m128i sc8) { /* 16 x int8 -> 16 dwords, high word 0 */
+    /* bytes (sc, 0) widened with sign: words (sc, 0) */
+    return _mm512_cvtepi8_epi16(_mm256_cvtepu8_epi16(sc8));
+}
+#endif
+
 static inline __attribute__((always_inline)) void row_dot8(int type, const uint8_t *w,
                                                             const acts8_t *A, int mr, float *out) {
     __m256 acc[MR], offv[MR];
@@ -46,8 +57,14 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
         isum[m] = _mm256_setzero_si256();
         off[m] = 0.f;
     }
+#if TQ_AVX512
+    __m512i isum5[MR]; /* the 512-bit integer sums, folded into isum once per super-block */
+    for (int m = 0; m < MR; m++)
+        isum5[m] = _mm512_setzero_si512();
+#endif
     const int64_t G = A->G, K = A->K;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+    (void)m4;
     switch (type) {
     case T_Q4_0:
     case T_Q4_1:
@@ -93,6 +110,50 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
             k4_scales(w + 4, &sc16, &mnv);
             const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(w + 16))
                                     : _mm256_setzero_si256();
+#if TQ_AVX512
+            /* chunks c and c + 1 in one vector: low nibbles (sub-blocks 2c, 2c + 2), then
+             * high nibbles (2c + 1, 2c + 3), each against one 512-bit load of the activations
+             * stored in pairs (quantize_row8) */
+            uint8_t sm[16];
+            k4_unpack(w + 4, sm);
+            const __m512i scd = _mm512_castsi256_si512(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+            const __m512i m4z = _mm512_set1_epi8(0x0F), one8z = _mm512_set1_epi8(1);
+            const __m512i qhz = _mm512_broadcast_i64x4(qh);
+            (void)sc16;
+            for (int c = 0; c < 4; c += 2) {
+                const __m512i q = _mm512_loadu_si512((const void *)(qs + 32 * c));
+                __m512i lo = _mm512_and_si512(q, m4z);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z);
+                if (five) { /* fifth bits: bit 2c (2c + 1) of qh for chunk c, + 2 for c + 1 */
+                    const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16(2 * c),
+                                                          _mm256_set1_epi16(2 * c + 2), 1);
+                    const __m512i b = _mm512_srlv_epi16(qhz, sh);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(b, one8z), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(
+                                                 _mm512_and_si512(_mm512_srli_epi16(b, 1), one8z), 4));
+                }
+                /* the sub-block scales as dwords: 2c (2c + 1) in the low half, 2c + 2 (2c + 3)
+                 * in the high half */
+                const __m512i s0 = _mm512_permutexvar_epi32(_mm512_inserti64x4(
+                    _mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 2), 1), scd);
+                const __m512i s1 = _mm512_permutexvar_epi32(_mm512_inserti64x4(
+                    _mm512_set1_epi32(2 * c + 1), _mm256_set1_epi32(2 * c + 3), 1), scd);
+                for (int m = 0; m < mr; m++) {
+                    const int8_t *xq = A->q + m * K + 256 * sb + 64 * c;
+                    const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                                           _mm512_loadu_si512((const void *)xq));
+                    const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi,
+                                                           _mm512_loadu_si512((const void *)(xq + 64)));
+                    isum5[m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum5[m], pl, s0), ph, s1);
+                }
+            }
+            for (int m = 0; m < mr; m++) {
+                isum[m] = fold512(isum5[m]);
+                isum5[m] = _mm512_setzero_si512();
+            }
+            (void)one8;
+#else
             for (int c = 0; c < 4; c++) {
                 const __m256i q32 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
                 __m256i lo = _mm256_and_si256(q32, m4);
@@ -112,6 +173,7 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
                     isum[m] = _mm256_add_epi32(isum[m], p);
                 }
             }
+#endif
             FLUSH(d, 8 * sb);
             const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(-dmin), mnv);
             for (int m = 0; m < mr; m++)
@@ -121,11 +183,47 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
     }
     case T_Q6_K: {
         const __m256i m30 = _mm256_set1_epi8(0x30);
+        (void)m30;
         for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
             const uint8_t *ql = w, *qh = w + 128;
             const int8_t *sc = (const int8_t *)(w + 192);
             const float d = f16(w + 208);
             const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+#if TQ_AVX512
+            /* q[0] | q[1] and q[2] | q[3] of a half in one vector each, against activations
+             * 128h.. and 128h + 64..; the scales of their 16-weight groups as dwords */
+            const __m512i m4z = _mm512_set1_epi8(0x0F), m30z = _mm512_set1_epi8(0x30);
+            const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+            const __m512i sh23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+            const __m128i scb = _mm_loadu_si128((const __m128i *)sc);
+            (void)scw;
+            for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+                const __m512i L = _mm512_loadu_si512((const void *)ql);
+                const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+                const __m512i q01 = _mm512_or_si512(_mm512_and_si512(L, m4z),
+                                                    _mm512_and_si512(_mm512_sllv_epi16(H, sh01), m30z));
+                const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4z),
+                                                    _mm512_and_si512(_mm512_srlv_epi16(H, sh23), m30z));
+                const __m512i s01 = scales_lo_words(_mm_shuffle_epi8(scb, _mm_setr_epi8(
+                    8 * h, 8 * h, 8 * h, 8 * h, 8 * h + 1, 8 * h + 1, 8 * h + 1, 8 * h + 1,
+                    8 * h + 2, 8 * h + 2, 8 * h + 2, 8 * h + 2, 8 * h + 3, 8 * h + 3, 8 * h + 3, 8 * h + 3)));
+                const __m512i s23 = scales_lo_words(_mm_shuffle_epi8(scb, _mm_setr_epi8(
+                    8 * h + 4, 8 * h + 4, 8 * h + 4, 8 * h + 4, 8 * h + 5, 8 * h + 5, 8 * h + 5, 8 * h + 5,
+                    8 * h + 6, 8 * h + 6, 8 * h + 6, 8 * h + 6, 8 * h + 7, 8 * h + 7, 8 * h + 7, 8 * h + 7)));
+                for (int m = 0; m < mr; m++) {
+                    const int8_t *xq = A->q + m * K + 256 * sb + 128 * h;
+                    const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01,
+                                                            _mm512_loadu_si512((const void *)xq));
+                    const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23,
+                                                            _mm512_loadu_si512((const void *)(xq + 64)));
+                    isum5[m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum5[m], p01, s01), p23, s23);
+                }
+            }
+            for (int m = 0; m < mr; m++) {
+                isum[m] = fold512(isum5[m]);
+                isum5[m] = _mm512_setzero_si512();
+            }
+#else
             for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
                 const __m256i sch = h ? _mm256_permute2x128_si256(scw, scw, 0x11)
                                       : _mm256_permute2x128_si256(scw, scw, 0x00);
@@ -149,6 +247,7 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
                     isum[m] = _mm256_add_epi32(isum[m], p);
                 }
             }
+#endif
             /* q - 32: subtract 32 * sum_j sc[j] * (sum of x8 over 16-group j) */
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
             for (int m = 0; m < mr; m++) {
