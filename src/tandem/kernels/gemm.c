@@ -19,6 +19,7 @@
 #include "blocks.h"
 
 #define NR 4    /* weight rows per micro-kernel */
+#define MA 2    /* activation rows per micro-kernel */
 #define KC 2048 /* weights per unpacked chunk: NR x KC int16 = 16 KiB */
 #define GMB 64  /* most activation rows per block */
 
@@ -87,27 +88,30 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
 }
 
 #if TQ_AVX512
-/* The AVX-512 micro-kernel: s[2r + i] (16 int32 lanes) += the products of vectors 2u, 2u+1 of
- * row r with x_i[32u..32u+31], one vpdpwssd, for u < nv / 2; nr rows (1..NR). fold512 then
- * gives micro_4x2's sums. */
-static inline __attribute__((always_inline)) void micro_512(const int16_t *w, const int16_t *x0,
-                                                            const int16_t *x1, int64_t nv, int nr,
-                                                            __m256i out[2 * NR]) {
-    __m512i s[2 * NR];
-    for (int i = 0; i < 2 * NR; i++)
+/* The AVX-512 micro-kernel: s[MA r + i] (16 int32 lanes) += the products of vectors 2u, 2u+1
+ * of row r with x_i[32u..32u+31], one vpdpwssd, for u < nv / 2, nr rows (1..NR) against MA
+ * activation rows. fold512 then gives the sums the AVX2 micro-kernel holds. (4 activation rows,
+ * 16 accumulators, ran no faster: 13.2-13.7 against 13.6-14.0 ms, Q4_K 64 x 8960 x 1536.) */
+static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
+                                                            const int16_t *const x[MA],
+                                                            int64_t nv, int nr,
+                                                            __m256i out[MA * NR]) {
+    __m512i s[MA * NR];
+    for (int i = 0; i < MA * NR; i++)
         s[i] = _mm512_setzero_si512();
     for (int64_t u = 0; u < nv / 2; u++) {
-        const __m512i a0 = _mm512_loadu_si512((const void *)(x0 + 32 * u));
-        const __m512i a1 = _mm512_loadu_si512((const void *)(x1 + 32 * u));
+        __m512i a[MA];
+        for (int i = 0; i < MA; i++)
+            a[i] = _mm512_loadu_si512((const void *)(x[i] + 32 * u));
         for (int r = 0; r < NR; r++) {
             if (r < nr) {
                 const __m512i wv = _mm512_loadu_si512((const void *)(w + (u * NR + r) * 32));
-                s[2 * r] = _mm512_dpwssd_epi32(s[2 * r], wv, a0);
-                s[2 * r + 1] = _mm512_dpwssd_epi32(s[2 * r + 1], wv, a1);
+                for (int i = 0; i < MA; i++)
+                    s[MA * r + i] = _mm512_dpwssd_epi32(s[MA * r + i], wv, a[i]);
             }
         }
     }
-    for (int i = 0; i < 2 * NR; i++)
+    for (int i = 0; i < MA * NR; i++)
         out[i] = fold512(s[i]);
 }
 #endif
@@ -168,24 +172,33 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                                                              int64_t K, int64_t G, int64_t k0,
                                                              int64_t kc, int64_t m, int64_t mi) {
     const int nv = fw / 16;
+#if TQ_AVX512
+    __m256 facc[MA * NR];
+    for (int i = 0; i < MA; i++)
+        for (int r = 0; r < NR; r++)
+            facc[MA * r + i] = i < ma && r < nr ? _mm256_loadu_ps(b->acc[r][mi + i])
+                                                : _mm256_setzero_ps();
+#endif
     for (int64_t f = 0; f < kc / fw; f++) {
-        __m256i s[2 * NR];
-        for (int i = 0; i < 2 * NR; i++)
+        __m256i s[MA * NR]; /* s[MA r + i]: weight row r, activation row m + i */
+        for (int i = 0; i < MA * NR; i++)
             s[i] = _mm256_setzero_si256();
-        const int16_t *x0 = xq + m * K + k0 + f * fw, *x1 = ma > 1 ? x0 + K : x0;
+        const int16_t *x[MA]; /* rows past the ma given repeat the first: computed, not kept */
+        for (int i = 0; i < MA; i++)
+            x[i] = xq + (m + (i < ma ? i : 0)) * K + k0 + f * fw;
         const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
 #if TQ_AVX512
         if (nr == NR)
-            micro_512(w, x0, x1, nv, NR, s);
+            micro_512(w, x, nv, NR, s);
         else
-            micro_512(w, x0, x1, nv, nr, s);
+            micro_512(w, x, nv, nr, s);
 #else
         if (nr == NR) {
-            micro_4x2(w, x0, x1, nv, s);
+            micro_4x2(w, x[0], x[1], nv, s);
         } else { /* the last rows of a thread's share */
             for (int j = 0; j < nv; j++) {
-                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x0 + 16 * j));
-                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x1 + 16 * j));
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x[0] + 16 * j));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x[1] + 16 * j));
                 for (int r = 0; r < nr; r++) {
                     const __m256i wv = _mm256_loadu_si256(VEC(w + 16 * r, j));
                     s[2 * r] = _mm256_add_epi32(s[2 * r], _mm256_madd_epi16(wv, a0));
@@ -197,18 +210,31 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
         /* row_dot's scalar products d * x scale, four weight rows per multiply (the unused lanes
          * of a partial group hold zero or an earlier group's scale: multiplied, never read) */
-        float ds[2][NR];
+        float ds[MA][NR];
         const __m128 d4 = _mm_loadu_ps(b->d[f]);
-        _mm_storeu_ps(ds[0], _mm_mul_ps(d4, _mm_set1_ps(xs[m * G + g])));
-        _mm_storeu_ps(ds[1], _mm_mul_ps(d4, _mm_set1_ps(xs[(m + ma - 1) * G + g])));
+        for (int i = 0; i < ma; i++)
+            _mm_storeu_ps(ds[i], _mm_mul_ps(d4, _mm_set1_ps(xs[(m + i) * G + g])));
+#if TQ_AVX512 /* the float sums stay in registers over the chunk (32 of them here) */
+        for (int i = 0; i < MA; i++)
+            for (int r = 0; r < NR; r++)
+                facc[MA * r + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[MA * r + i]),
+                                                   _mm256_broadcast_ss(&ds[i < ma ? i : 0][r]),
+                                                   facc[MA * r + i]);
+#else
         for (int i = 0; i < ma; i++)
             for (int r = 0; r < nr; r++) {
                 float *a = b->acc[r][mi + i];
-                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[2 * r + i]),
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[MA * r + i]),
                                                     _mm256_broadcast_ss(&ds[i][r]),
                                                     _mm256_loadu_ps(a)));
             }
+#endif
     }
+#if TQ_AVX512
+    for (int i = 0; i < ma; i++)
+        for (int r = 0; r < nr; r++)
+            _mm256_storeu_ps(b->acc[r][mi + i], facc[MA * r + i]);
+#endif
 }
 
 /* Q4_K / Q5_K offsets of the chunk's nsb super-blocks for activation rows [mb, me): off +=
@@ -273,8 +299,9 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                         unpack_k4(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
                                   b->mn[r]);
                 }
-                for (int64_t m = mb; m < me; m += 2)
-                    gemm_micro(b, nr, me - m < 2 ? 1 : 2, fw, xq, xs, K, G, k0, kc, m, m - mb);
+                for (int64_t m = mb; m < me; m += MA)
+                    gemm_micro(b, nr, me - m < MA ? (int)(me - m) : MA, fw, xq, xs, K, G, k0, kc,
+                               m, m - mb);
                 if (!q6)
                     gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
             }
