@@ -184,6 +184,10 @@ def _load_models(state) -> None:
         verdict = check_compatible(engine.target.tokenizer, engine.draft.tokenizer)
         log.info("draft %s: %s", engine.draft.path, verdict.message)
     log.info(spec.describe(None if engine.draft is None else engine.draft.path.name))
+    from .. import kernels
+
+    if kernels.available():
+        log.info("kernels: the %s build (the same bits in every build)", kernels.in_use())
     if s.warmup:
         _warm_up(engine)
     state.model_path = str(engine.target.path)
