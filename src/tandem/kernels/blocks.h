@@ -73,6 +73,18 @@ static inline __m512i widen_u8(__m256i b) {
 #endif
 }
 
+/* int32 -> float, lane by lane (SIMDe 0.7.4 has no _mm512_cvtepi32_ps: two 256-bit halves) */
+static inline __m512 cvt512_ps(__m512i v) {
+#ifdef TQ_SIMDE
+    const __m256 lo = _mm256_cvtepi32_ps(_mm512_castsi512_si256(v));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
+                                               _mm256_castps_pd(hi), 1));
+#else
+    return _mm512_cvtepi32_ps(v);
+#endif
+}
+
 /* the two 256-bit halves of a 512-bit integer sum, added: the sum the AVX2 code holds */
 static inline __m256i fold512(__m512i s) {
     return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));

@@ -95,8 +95,7 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
 static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
                                                             const int16_t *const x[MA],
                                                             int64_t nv, int nr,
-                                                            __m256i out[MA * NR]) {
-    __m512i s[MA * NR];
+                                                            __m512i s[MA * NR]) {
     for (int i = 0; i < MA * NR; i++)
         s[i] = _mm512_setzero_si512();
     for (int64_t u = 0; u < nv / 2; u++) {
@@ -111,8 +110,11 @@ static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
             }
         }
     }
-    for (int i = 0; i < MA * NR; i++)
-        out[i] = fold512(s[i]);
+}
+
+/* fold512 of two sums at once: [a.lo + a.hi | b.lo + b.hi] */
+static inline __m512i fold512x2(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xEE));
 }
 #endif
 
@@ -173,12 +175,56 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                                                              int64_t kc, int64_t m, int64_t mi) {
     const int nv = fw / 16;
 #if TQ_AVX512
-    __m256 facc[MA * NR];
+    /* The float sums, two weight rows per register: facc[NR/2 i + p] holds activation row
+     * m + i against weight rows 2p (low half) and 2p + 1 (high half); each half takes the
+     * same float steps as an AVX2 accumulator, and they stay in registers over the chunk. */
+    __m512 facc[MA * NR / 2];
     for (int i = 0; i < MA; i++)
-        for (int r = 0; r < NR; r++)
-            facc[MA * r + i] = i < ma && r < nr ? _mm256_loadu_ps(b->acc[r][mi + i])
-                                                : _mm256_setzero_ps();
-#endif
+        for (int p = 0; p < NR / 2; p++) {
+            const int r = 2 * p;
+            /* the first chunk starts from zero (gemm_rows clears no float sums here) */
+            const __m256 lo = k0 && i < ma && r < nr ? _mm256_loadu_ps(b->acc[r][mi + i])
+                                                     : _mm256_setzero_ps();
+            const __m256 hi = k0 && i < ma && r + 1 < nr ? _mm256_loadu_ps(b->acc[r + 1][mi + i])
+                                                         : _mm256_setzero_ps();
+            facc[NR / 2 * i + p] = _mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+        }
+    for (int64_t f = 0; f < kc / fw; f++) {
+        const int16_t *x[MA]; /* rows past the ma given repeat the first: computed, not kept */
+        for (int i = 0; i < MA; i++)
+            x[i] = xq + (m + (i < ma ? i : 0)) * K + k0 + f * fw;
+        const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
+        __m512i s[MA * NR]; /* s[MA r + i]: weight row r, activation row m + i */
+        if (nr == NR)
+            micro_512(w, x, nv, NR, s);
+        else
+            micro_512(w, x, nv, nr, s);
+        const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
+        const __m128 d4 = _mm_loadu_ps(b->d[f]);
+        for (int i = 0; i < MA; i++) {
+            /* row_dot's d * x scale for the four weight rows, then two per register */
+            const __m512 ds = _mm512_castps128_ps512(
+                _mm_mul_ps(d4, _mm_set1_ps(xs[(m + (i < ma ? i : 0)) * G + g])));
+            for (int p = 0; p < NR / 2; p++) {
+                const __m512 sc = _mm512_permutexvar_ps(_mm512_inserti64x4(
+                    _mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1), ds);
+                const __m512i t = fold512x2(s[MA * 2 * p + i], s[MA * (2 * p + 1) + i]);
+                facc[NR / 2 * i + p] = _mm512_fmadd_ps(cvt512_ps(t), sc,
+                                                       facc[NR / 2 * i + p]);
+            }
+        }
+    }
+    for (int i = 0; i < ma; i++)
+        for (int p = 0; p < NR / 2; p++) {
+            const int r = 2 * p;
+            if (r < nr)
+                _mm256_storeu_ps(b->acc[r][mi + i], _mm512_castps512_ps256(facc[NR / 2 * i + p]));
+            if (r + 1 < nr)
+                _mm256_storeu_ps(b->acc[r + 1][mi + i], _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                                            _mm512_castps_pd(facc[NR / 2 * i + p]), 1)));
+        }
+#else
     for (int64_t f = 0; f < kc / fw; f++) {
         __m256i s[MA * NR]; /* s[MA r + i]: weight row r, activation row m + i */
         for (int i = 0; i < MA * NR; i++)
@@ -187,12 +233,6 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
         for (int i = 0; i < MA; i++)
             x[i] = xq + (m + (i < ma ? i : 0)) * K + k0 + f * fw;
         const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
-#if TQ_AVX512
-        if (nr == NR)
-            micro_512(w, x, nv, NR, s);
-        else
-            micro_512(w, x, nv, nr, s);
-#else
         if (nr == NR) {
             micro_4x2(w, x[0], x[1], nv, s);
         } else { /* the last rows of a thread's share */
@@ -206,7 +246,6 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                 }
             }
         }
-#endif
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
         /* row_dot's scalar products d * x scale, four weight rows per multiply (the unused lanes
          * of a partial group hold zero or an earlier group's scale: multiplied, never read) */
@@ -214,13 +253,6 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
         const __m128 d4 = _mm_loadu_ps(b->d[f]);
         for (int i = 0; i < ma; i++)
             _mm_storeu_ps(ds[i], _mm_mul_ps(d4, _mm_set1_ps(xs[(m + i) * G + g])));
-#if TQ_AVX512 /* the float sums stay in registers over the chunk (32 of them here) */
-        for (int i = 0; i < MA; i++)
-            for (int r = 0; r < NR; r++)
-                facc[MA * r + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[MA * r + i]),
-                                                   _mm256_broadcast_ss(&ds[i < ma ? i : 0][r]),
-                                                   facc[MA * r + i]);
-#else
         for (int i = 0; i < ma; i++)
             for (int r = 0; r < nr; r++) {
                 float *a = b->acc[r][mi + i];
@@ -228,12 +260,7 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                                                     _mm256_broadcast_ss(&ds[i][r]),
                                                     _mm256_loadu_ps(a)));
             }
-#endif
     }
-#if TQ_AVX512
-    for (int i = 0; i < ma; i++)
-        for (int r = 0; r < nr; r++)
-            _mm256_storeu_ps(b->acc[r][mi + i], facc[MA * r + i]);
 #endif
 }
 
@@ -245,8 +272,12 @@ static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64
     for (int64_t m = mb; m < me; m++) {
         const float *xm = xsum + m * G + k0 / 32;
         if (nr == NR) {
-            __m256 o0 = _mm256_loadu_ps(b->off[0][m - mb]), o1 = _mm256_loadu_ps(b->off[1][m - mb]),
-                   o2 = _mm256_loadu_ps(b->off[2][m - mb]), o3 = _mm256_loadu_ps(b->off[3][m - mb]);
+            /* the first chunk starts from zero */
+            __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+            if (k0) {
+                o0 = _mm256_loadu_ps(b->off[0][m - mb]), o1 = _mm256_loadu_ps(b->off[1][m - mb]);
+                o2 = _mm256_loadu_ps(b->off[2][m - mb]), o3 = _mm256_loadu_ps(b->off[3][m - mb]);
+            }
             for (int64_t sb = 0; sb < nsb; sb++) {
                 const __m256 x = _mm256_loadu_ps(xm + 8 * sb);
                 o0 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[0][sb]), x, o0);
@@ -260,7 +291,7 @@ static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64
             _mm256_storeu_ps(b->off[3][m - mb], o3);
         } else {
             for (int r = 0; r < nr; r++) {
-                __m256 o = _mm256_loadu_ps(b->off[r][m - mb]);
+                __m256 o = k0 ? _mm256_loadu_ps(b->off[r][m - mb]) : _mm256_setzero_ps();
                 for (int64_t sb = 0; sb < nsb; sb++)
                     o = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[r][sb]),
                                         _mm256_loadu_ps(xm + 8 * sb), o);
@@ -285,9 +316,12 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
         const int64_t me = M < mb + mbs ? M : mb + mbs;
         for (int64_t n = n0; n < n1; n += NR) {
             const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
-            for (int r = 0; r < nr; r++) { /* the block's rows only */
-                memset(b->acc[r], 0, sizeof b->acc[r][0] * (me - mb));
-                memset(b->off[r], 0, sizeof b->off[r][0] * (me - mb));
+            for (int r = 0; r < nr; r++) { /* the block's rows only; the offsets (gemm_mins)
+                                            * and the AVX-512 sums start from zero themselves */
+                if (!TQ_AVX512)
+                    memset(b->acc[r], 0, sizeof b->acc[r][0] * (me - mb));
+                if (q6)
+                    memset(b->off[r], 0, sizeof b->off[r][0] * (me - mb));
             }
             for (int64_t k0 = 0; k0 < K; k0 += KC) {
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
