@@ -30,7 +30,7 @@ PROMPTS = [
     {"task": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick"},
     {"task": "code", "prompt": "def add(a, b):\n    return", "n_predict": 6},
 ]
-SWEEP_NAMES = {"draft-n2", "draft-n4", "draft-n8", "ngram", "ngram-draft", "auto"}
+SWEEP_NAMES = {"draft-n2", "draft-n4", "draft-n8", "ngram", "suffix", "auto"}
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +134,9 @@ def test_sweep_ranks_every_configuration_against_one_baseline(models, tmp_path, 
     served = {n: load(out / f"{n}.json")["props"]["speculative"] for n in SWEEP_NAMES}
     assert [served[f"draft-n{k}"]["n_max"] for k in (2, 4, 8)] == [2, 4, 8]
     assert served["ngram"]["type"] == "ngram-simple"
-    assert served["ngram-draft"]["type"] == "ngram-simple,draft-simple"
-    assert served["auto"]["type"] == "ngram-simple,draft-simple" and served["auto"]["adaptive"]
-    assert not served["ngram-draft"]["adaptive"]
+    assert served["suffix"]["type"] == "suffix"
+    assert served["auto"]["type"] == "suffix,draft-simple" and served["auto"]["adaptive"]
+    assert not served["suffix"]["adaptive"]
     rows = load(out / "report.json")["configurations"]
     assert {r["name"] for r in rows} == SWEEP_NAMES
     assert all(r["equal_work"] for r in rows)  # greedy: every configuration matches the baseline

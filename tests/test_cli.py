@@ -50,13 +50,13 @@ def test_json_has_llama_cpp_completion_fields(files, capsys):
     assert d2["timings"]["draft_n"] > 0 and "draft_n_accepted" in d2["timings"]
     assert d2["speculative"]["type"] == "draft-simple"
     assert d2["speculative"]["n_drafts"] > 0
-    # no --spec-type with a draft model means auto: n-gram, then the draft, k chosen per step
+    # no --spec-type with a draft model means auto: suffix, then the draft, sized per step
     # (here the draft costs as much as the target, so it may rightly choose not to draft)
     code, out3, _ = gen(capsys, "-m", target, "-md", draft, "-p", "def add(a, b):", "-n", 12,
                         "--temp", 0, "--ignore-eos", "--json")
     d3 = json.loads(out3)
     assert d3["tokens"] == d["tokens"]
-    assert d3["speculative"]["type"] == "ngram-simple,draft-simple" and "draft_n" in d3["timings"]
+    assert d3["speculative"]["type"] == "suffix,draft-simple" and "draft_n" in d3["timings"]
 
 
 def test_streams_text_and_summarizes_on_stderr(files, capsys):

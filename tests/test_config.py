@@ -16,12 +16,12 @@ from tandem.server.schemas import CompletionBody
 
 def test_what_runs_with_and_without_a_draft_model():
     # nothing given: auto with a draft model, the target alone without
-    assert SpecConfig().resolved(has_draft=True).types == ["ngram-simple", "draft-simple"]
+    assert SpecConfig().resolved(has_draft=True).types == ["suffix", "draft-simple"]
     assert SpecConfig().resolved(has_draft=True).adaptive
     assert not SpecConfig().resolved(has_draft=False).enabled
-    # auto without a draft model: n-gram only, still choosing k per step
+    # auto without a draft model: suffix only, still sizing drafts per step
     alone = SpecConfig(types="auto").resolved(has_draft=False)
-    assert alone.types == ["ngram-simple"] and alone.adaptive
+    assert alone.types == ["suffix"] and alone.adaptive
     # draft-simple without a draft model is an error that says what to do
     with pytest.raises(TandemError, match="needs a draft model.*--model-draft"):
         SpecConfig(types="ngram-simple,draft-simple").resolved(has_draft=False)
@@ -34,7 +34,7 @@ def test_request_overrides_are_typed_and_resolved():
     assert spec.override({}, has_draft=False) is spec
     over = spec.override({"speculative.n_max": 8, "speculative.p_min": 0, "x": 1},
                          has_draft=False)
-    assert (over.n_max, over.p_min, over.types) == (8, 0, ["ngram-simple"])
+    assert (over.n_max, over.p_min, over.types) == (8, 0, ["suffix"])
     assert spec.override({"speculative.type": "none"}, has_draft=False).enabled is False
     for bad, word in (({"speculative.n_max": "8"}, "an integer"),
                       ({"speculative.n_max": True}, "an integer"),
@@ -45,8 +45,9 @@ def test_request_overrides_are_typed_and_resolved():
                       ({"speculative.n_max": -1}, "must be >= 0")):
         with pytest.raises(TandemError, match=word):
             spec.override(bad, has_draft=False)
-    assert over.request_view() == {"speculative.type": "ngram-simple", "speculative.n_max": 8,
-                                   "speculative.n_min": 0, "speculative.p_min": 0}
+    assert over.request_view() == {"speculative.type": "suffix", "speculative.n_max": 8,
+                                   "speculative.n_min": 0, "speculative.p_min": 0,
+                                   "speculative.suffix_max": 16}
 
 
 def _parser() -> argparse.ArgumentParser:

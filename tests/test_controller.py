@@ -86,7 +86,7 @@ def test_auto_keeps_greedy_output_and_stops_drafting_when_it_cannot_pay(models):
     target, _, other = models
     base = Engine(target, None, EngineConfig(ctx_size=512), SpecConfig(types=["none"]))
     spec = SpecConfig(types=["auto"], n_max=4, p_min=0.0)
-    assert spec.adaptive and spec.types == ["ngram-simple", "draft-simple"]
+    assert spec.adaptive and spec.types == ["suffix", "draft-simple"]
     auto = Engine(target, other, EngineConfig(ctx_size=512), spec)
     sp = SamplingParams(temperature=0, n_predict=40, ignore_eos=True)
     want = base.generate(Request([5, 6, 7, 8], sp)).output

@@ -41,7 +41,7 @@ def random_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 @pytest.mark.parametrize("types,draft", [
     ("ngram-simple", None), ("draft-simple", "same"), ("draft-simple", "other"),
-    ("ngram-simple,draft-simple", "other"),
+    ("ngram-simple,draft-simple", "other"), ("suffix", None), ("suffix,draft-simple", "other"),
 ])
 def test_greedy_speculation_equals_target_alone(models, types, draft):
     base = engine(models, "none")

@@ -99,7 +99,8 @@ def test_logits_match_transformers_on_the_same_gguf(target):
     assert torch.equal(fast.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
-@pytest.mark.parametrize("types", ["draft-simple", "ngram-simple", "ngram-simple,draft-simple"])
+@pytest.mark.parametrize("types", ["draft-simple", "ngram-simple", "ngram-simple,draft-simple",
+                                   "suffix", "auto"])
 def test_greedy_speculation_equals_target_alone(target, draft, types):
     base = make(target)
     spec = make(target, draft if "draft" in types else None, types, n_max=4, p_min=0.0)

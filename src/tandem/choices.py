@@ -19,7 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 ACTIVATIONS = {"int16": 16, "int8": 8}
 
 # --spec-type: proposers tried in order; auto = n-gram then the draft model, k chosen per step
-SPEC_TYPES = ("none", "ngram-simple", "draft-simple", "auto")
+SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "auto")
 
 # GGML type ids of the block types the native kernels read (ggml.h; the enum in kernels/tq.h)
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,

@@ -82,7 +82,7 @@ class SpecConfig:
     """Speculative decoding settings (llama-server's --spec-* flags).
 
     types: proposers tried in order; the first non-empty draft wins. ["none"] = target alone.
-    "auto" = n-gram then draft model, with k chosen per step by the controller (adaptive).
+    "auto" = suffix then draft model, each draft sized per step by the controller (adaptive).
     None (nothing given) = auto with a draft model, none without: see `resolved`, the one place
     that decides what runs with or without a draft model. A comma-separated string is parsed.
     n_max / n_min / p_min: draft-simple drafts at most n_max tokens, stops when the draft's top
@@ -98,13 +98,18 @@ class SpecConfig:
     draft step took 20.0-20.6 ms instead of 24.7-25.4 (bench/results/draft-options).
     ngram_min / ngram_max / ngram_m: ngram-simple matches suffixes of ngram_min..ngram_max
     tokens and proposes up to ngram_m tokens that followed the most recent earlier occurrence.
+    suffix_max: the suffix proposer drafts at most this many tokens (the continuation of the
+    longest earlier match, speculative/suffix.py). suffix_pool: tokens of earlier outputs kept
+    for it, shared by every slot (0 = none; off by default, so repeating a request, as a
+    benchmark does, is not answered from memory unless asked for).
     """
 
     types: list[str] | None = field(default=None, metadata=flag(
         "--spec-type", request="speculative.type",
-        help="none, ngram-simple, draft-simple, auto (n-gram then draft, k chosen per step "
-             "from measured costs, 0 when speculation does not pay), or a comma-separated "
-             "list tried in order (default: auto with --model-draft, else none)"))
+        help="none, ngram-simple, suffix, draft-simple, auto (suffix then draft, each draft "
+             "sized per step from measured costs and calibrated confidences, none when "
+             "speculation does not pay), or a comma-separated list tried in order (default: "
+             "auto with --model-draft, else none)"))
     n_max: int = field(default=4, metadata=flag(
         "--spec-draft-n-max", "--draft-max", "--draft-n", request="speculative.n_max",
         help="most tokens drafted per step"))
@@ -128,6 +133,13 @@ class SpecConfig:
     ngram_m: int = field(default=8, metadata=flag(
         "--spec-ngram-size-m", "--spec-ngram-simple-size-m",
         help="most tokens an n-gram match proposes"))
+    suffix_max: int = field(default=16, metadata=flag(
+        "--spec-suffix-max", request="speculative.suffix_max",
+        help="most tokens the suffix proposer drafts per step"))
+    suffix_pool: int = field(default=0, metadata=flag(
+        "--spec-suffix-pool",
+        help="tokens of earlier outputs the suffix proposer also searches, shared by every "
+             "slot, least recently used out first (0 = only the request's own tokens)"))
     adaptive: bool = False  # choose k per step from measured costs (speculative/controller.py)
 
     def __post_init__(self) -> None:
@@ -139,8 +151,8 @@ class SpecConfig:
                 if t not in SPEC_TYPES:
                     raise TandemError(f"unknown spec type {t!r}; supported: "
                                       f"{', '.join(SPEC_TYPES)} (comma-separated list allowed)")
-            if "auto" in self.types:  # n-gram, then the draft model, with the controller
-                self.types = ["ngram-simple", "draft-simple"]
+            if "auto" in self.types:  # suffix, then the draft model, with the controller
+                self.types = ["suffix", "draft-simple"]
                 self.adaptive = True
         if self.n_max < 0 or self.n_min < 0 or self.n_min > max(self.n_max, 0) and self.n_max > 0:
             raise TandemError(f"spec-draft-n-min ({self.n_min}) and -n-max ({self.n_max}) must "
@@ -158,6 +170,10 @@ class SpecConfig:
                               f"({self.ngram_max})")
         if self.ngram_m < 1:
             raise TandemError(f"spec-ngram-size-m must be >= 1, got {self.ngram_m}")
+        if not 1 <= self.suffix_max <= 64:
+            raise TandemError(f"spec-suffix-max must be between 1 and 64, got {self.suffix_max}")
+        if self.suffix_pool < 0:
+            raise TandemError(f"spec-suffix-pool must be >= 0 (0 = off), got {self.suffix_pool}")
 
     @staticmethod
     def parse_types(text: str) -> list[str]:
@@ -169,15 +185,16 @@ class SpecConfig:
     def resolved(self, has_draft: bool) -> SpecConfig:
         """These settings as they run with (or without) a draft model; the one home of the
         rules: nothing given = auto with a draft model, none without; auto without a draft
-        model = n-gram only, still adaptive; draft-simple without one is an error."""
+        model = suffix only, still adaptive; draft-simple without one is an error."""
         if self.types is None:
             return dataclasses.replace(self, types=["auto" if has_draft else "none"]) \
                 .resolved(has_draft)
         if not has_draft and "draft-simple" in self.types:
             if self.adaptive:
-                return dataclasses.replace(self, types=["ngram-simple"], adaptive=True)
+                return dataclasses.replace(
+                    self, types=[t for t in self.types if t != "draft-simple"], adaptive=True)
             raise TandemError("spec type draft-simple needs a draft model and none is loaded: "
-                              "give --model-draft PATH, or use ngram-simple or none")
+                              "give --model-draft PATH, or use suffix, ngram-simple or none")
         return self
 
     def override(self, request: dict[str, Any], has_draft: bool) -> SpecConfig:
@@ -228,6 +245,8 @@ class SpecConfig:
             k = max(k, self.n_max)
         if "ngram-simple" in (self.types or ()):
             k = max(k, self.ngram_m)
+        if "suffix" in (self.types or ()):
+            k = max(k, self.suffix_max)
         return k
 
     @property
@@ -248,12 +267,17 @@ class SpecConfig:
                              + (f", prompt window {self.draft_window}" if self.draft_window else "")
                              + (f", vocabulary {self.draft_vocab} + used ids"
                                 if self.draft_vocab else "") + ")")
+            elif t == "suffix":
+                parts.append(f"suffix (longest earlier match, up to {self.suffix_max} tokens"
+                             + (f", pool of {self.suffix_pool} output tokens"
+                                if self.suffix_pool else "") + ")")
             elif t == "ngram-simple":
                 parts.append(f"ngram-simple (n-gram {self.ngram_min}..{self.ngram_max}, up to "
                              f"{self.ngram_m} tokens)")
         line = "speculation: ON: " + ", then ".join(parts)
         if self.adaptive:
-            line += "; auto: k chosen per step from measured costs, 0 when it does not pay"
+            line += ("; auto: each draft sized per step from measured costs and calibrated "
+                     "confidences, none when it does not pay")
         return line
 
 

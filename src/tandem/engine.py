@@ -2,13 +2,13 @@
 
 Every active sequence keeps its prompt cached except its last token. One iteration (`step`):
 
-    draft = proposer.propose(k)                  for each active sequence (k from the controller
-                                                 with auto, capped by what is left to generate)
+    draft = speculator.draft(budget)             for each active sequence (proposers, sizes and
+                                                 controllers: speculative/speculator.py)
     logits = target([last, *draft])              every sequence in one pass (rows padded to the
                                                  longest; each row computed as if alone)
     res = verify(draft, logits)                  accepted + 1 tokens (recovered or bonus)
     cache.append(slot, [last, *accepted])        the rejected positions are never recorded
-    proposer.accept(n, tokens)                   proposers roll back what the target rejected
+    speculator.accept(draft, n, tokens)          proposers roll back what the target rejected
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from .errors import TandemError
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import make_generator
-from .speculative.controller import AcceptanceTracker, Controller, CostModel
-from .speculative.draft import DraftModelProposer
-from .speculative.ngram import NgramProposer
-from .speculative.proposer import Draft, Proposer
+from .speculative.controller import AcceptanceTracker, CostModel
+from .speculative.speculator import Speculation, Speculator
 from .speculative.stats import SpecStats
 from .speculative.verify import verify
 
@@ -59,7 +57,7 @@ class Sequence:
     req: Request
     slot: int
     spec: SpecConfig
-    proposers: list[Proposer]
+    speculator: Speculator | None
     gen: torch.Generator | None
     seed: int
     detok: object
@@ -74,9 +72,6 @@ class Sequence:
     stop_type: str = ""  # "" while running, then eos | limit | word | cancel
     stopping_word: str = ""
     stats: SpecStats = field(default_factory=SpecStats)
-    controllers: dict[int, Controller] = field(default_factory=dict)  # id(proposer) -> its own
-    drafted_by: Controller | None = None  # the controller whose proposer drafted this step
-    drafted_by_model: bool = False  # this step's draft came from the draft model
     t_start: float = 0.0
     t_prompt_ms: float = 0.0
     t_gen_start: float = 0.0
@@ -151,10 +146,19 @@ class Engine:
         if draft is not None:
             self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
-        self.costs = CostModel()  # measured pass costs, shared by every slot's controllers
-        # acceptance of the draft model's tokens over every request so far: whether catching a
-        # lazy draft up on a prompt will pay is judged with it (see _catch_up_pays)
-        self.draft_history = AcceptanceTracker()
+        # what every sequence's speculation shares: pass costs, the draft model, the pool
+        self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
+                                       spec.suffix_pool)
+
+    @property
+    def costs(self) -> CostModel:
+        """Measured seconds per target pass by rows and per draft token (this machine)."""
+        return self.speculation.costs
+
+    @property
+    def draft_history(self) -> AcceptanceTracker:
+        """The draft model's acceptance over every request so far."""
+        return self.speculation.draft_history
 
     # -- requests -------------------------------------------------------------------------
 
@@ -165,20 +169,6 @@ class Engine:
             return id_slot if self.slots[id_slot] is None else None
         free = [i for i, s in enumerate(self.slots) if s is None]
         return free[0] if free else None
-
-    def _proposers(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
-                   gen: torch.Generator | None) -> list[Proposer]:
-        out: list[Proposer] = []
-        for t in spec.types:
-            if t == "ngram-simple":
-                out.append(NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_m))
-            elif t == "draft-simple":  # resolved specs name it only when there is a draft
-                out.append(DraftModelProposer(self.draft.model, self.draft_cache, slot, sampling,
-                                              gen, spec.n_max, spec.n_min, spec.p_min,
-                                              prefill_chunk=self.cfg.prefill_chunk,
-                                              window=spec.draft_window,
-                                              vocab=spec.draft_vocab, lazy=spec.adaptive))
-        return out
 
     def add(self, req: Request) -> Sequence:
         """Put a request in a free slot and process its prompt (all but the last token)."""
@@ -200,7 +190,8 @@ class Engine:
         spec = self.spec if req.spec is None else req.spec.resolved(self.draft is not None)
         gen = make_generator(req.sampling.seed)
         seed = gen.initial_seed()
-        seq = Sequence(req, slot, spec, [], gen, seed, self.tok.incremental(), list(ids), len(ids))
+        seq = Sequence(req, slot, spec, None, gen, seed, self.tok.incremental(), list(ids),
+                       len(ids))
         seq.t_start = time.perf_counter()
         if req.sampling.n_predict == 0:
             seq.stop_type = "limit"
@@ -208,12 +199,8 @@ class Engine:
         self.slots[slot] = seq
         try:
             self._prefill(seq)
-            seq.proposers = self._proposers(spec, slot, req.sampling, gen)
-            for p in seq.proposers:
-                p.begin(list(ids))
-                if spec.adaptive:
-                    n = spec.n_max if isinstance(p, DraftModelProposer) else spec.ngram_m
-                    seq.controllers[id(p)] = Controller(self.costs, n_max=n)
+            seq.speculator = self.speculation.start(spec, slot, req.sampling, gen, list(ids),
+                                                    seq.stats)
             if spec.adaptive and len(self.costs.verify) < 2:
                 self.calibrate(slot)
         except BaseException:
@@ -235,7 +222,7 @@ class Engine:
         seq.n_prompt_processed = len(ids) - keep + 1
 
     def calibrate(self, slot: int) -> None:
-        """Time target passes of 1..max_k+1 rows (and a draft step) in a free cache area after
+        """Time target passes of up to max_k+1 rows (and a draft step) in a free cache area after
         the slot's own tokens, so the controller has costs before its first choice. Two rounds
         over every row count, keeping each one's faster time: a slow spell of this shared
         machine during one pass would otherwise bend the cost curve the controller starts
@@ -245,8 +232,10 @@ class Engine:
         if base + n + 1 >= self.cache.max_len:
             return
         best: dict[int, float] = {}
+        # every row count up to 9, then every fourth (costs in between are interpolated)
+        counts = sorted({*range(1, min(n, 9) + 1), *range(13, n, 4), n})
         for _ in range(2):
-            for rows in range(1, n + 1):
+            for rows in counts:
                 t0 = time.perf_counter()
                 self.target.model(torch.zeros(1, rows, dtype=torch.long), self.cache, [slot],
                                   [base])
@@ -269,6 +258,8 @@ class Engine:
     def release(self, seq: Sequence) -> None:
         if self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
+            if seq.speculator is not None:
+                seq.speculator.end()
 
     def cancel(self, seq: Sequence) -> None:
         if not seq.done:
@@ -288,72 +279,17 @@ class Engine:
             left = min(left, n - len(seq.output))
         return max(0, min(left - 1, self.max_k))
 
-    def _propose(self, seq: Sequence) -> Draft:
-        """The first non-empty draft of the sequence's proposers, with k capped by the budget
-        and, for adaptive speculation, by each proposer's controller (which may say 0)."""
-        budget = self._budget(seq)
-        seq.drafted_by = None
-        seq.drafted_by_model = False
-        if budget <= 0:
-            return Draft([])
-        for p in seq.proposers:
-            ctl = seq.controllers.get(id(p))
-            is_model = isinstance(p, DraftModelProposer)
-            k = budget if ctl is None else min(budget, ctl.choose(None if is_model else 0.0))
-            if k <= 0:
-                continue
-            catch_up = p.unseen() if is_model else 0
-            if is_model and ctl is not None and catch_up > 2:
-                # a lazy draft (auto) has not read the prompt, or fell behind while idle
-                if not self._catch_up_pays(seq, ctl.n_max, catch_up):
-                    continue
-                t0 = time.perf_counter()
-                fed = p.prepare()
-                dt = time.perf_counter() - t0
-                seq.stats.t_draft += dt
-                self.costs.record_draft_prefill(fed, dt)
-                catch_up -= fed
-            t0 = time.perf_counter()
-            draft = p.propose(k)
-            dt = time.perf_counter() - t0
-            seq.stats.t_draft += dt
-            # the per-token cost of drafting; a draft that first caught up on many tokens it
-            # skipped while idle (k = 0 steps) would overstate it, so that one is not recorded
-            if is_model and catch_up <= 2:
-                self.costs.record_draft(max(len(draft.ids), 1), dt)
-            if draft.ids:
-                seq.drafted_by = ctl
-                seq.drafted_by_model = is_model
-                return draft
-        return Draft([])
-
-    def _catch_up_pays(self, seq: Sequence, n_max: int, n: int) -> bool:
-        """Whether feeding the draft n unseen tokens now is likely to be paid back by the rest of
-        this generation: the time the draft saves per remaining token (its best k against plain
-        decoding, with the draft's acceptance so far over every request) times the tokens still
-        to come (n_predict, else the context left), against n times the measured per-token cost
-        of the draft reading a prompt. Unmeasured costs: yes (measure them)."""
-        c = self.costs
-        t_plain, pre = c.verify_time(1), c.draft_prefill_token
-        if t_plain is None or pre is None:
-            return True
-        n_predict = seq.req.sampling.n_predict
-        remaining = (n_predict - len(seq.output) if n_predict >= 0
-                     else self.cfg.ctx_size - len(seq.tokens))
-        judge = Controller(c, n_max=n_max, acceptance=self.draft_history)
-        d = c.draft_token or 0.0
-        plain = judge.rate(0, d)
-        best = max((judge.rate(k, d) or 0.0 for k in range(1, n_max + 1)), default=0.0)
-        if not plain or best <= plain:
-            return False
-        return remaining * (1 / plain - 1 / best) > n * pre
+    def _remaining(self, seq: Sequence) -> int:
+        """Tokens seq may still generate (n_predict, else the context left)."""
+        n = seq.req.sampling.n_predict
+        return n - len(seq.output) if n >= 0 else self.cfg.ctx_size - len(seq.tokens)
 
     def step(self) -> list[Sequence]:
         """One iteration for every active sequence; returns them (check .done, take_text())."""
         seqs = self.active()
         if not seqs:
             return []
-        drafts = [self._propose(s) for s in seqs]
+        drafts = [s.speculator.draft(self._budget(s), self._remaining(s)) for s in seqs]
         t0 = time.perf_counter()
         T = 1 + max(len(d.ids) for d in drafts)
         rows = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -370,14 +306,7 @@ class Engine:
             k = len(d.ids)
             res = verify(d.ids, d.probs, logits[i, : k + 1], s.req.sampling, s.gen)
             self.cache.append(s.slot, [s.tokens[-1], *d.ids[: res.n_accepted]])
-            for p in s.proposers:
-                p.accept(res.n_accepted, res.tokens)
-            if k:
-                s.stats.record(k, res.n_accepted)
-                if s.drafted_by is not None:
-                    s.drafted_by.update(k, res.n_accepted)
-                if s.drafted_by_model:
-                    self.draft_history.update(k, res.n_accepted)
+            s.speculator.accept(d, res.n_accepted, res.tokens)
             s.stats.t_verify += t_fwd / len(seqs) + time.perf_counter() - t1
             self._append(s, res.tokens, res.n_accepted)
             if s.req.n_probs > 0 and s.n_new:

@@ -26,8 +26,8 @@ llama-draft.json, llama-ngram.json), and report.md gets a side-by-side section m
 same client: wall time per pass, decode tokens/s, acceptance, each configuration against
 llama.cpp's target alone, and whether its text equals llama.cpp's.
 
---sweep measures draft-simple with n-max 2, 4 and 8, ngram-simple, ngram-simple then
-draft-simple, and auto against one baseline, and ranks them by the median wall-time speed-up of
+--sweep measures draft-simple with n-max 2, 4 and 8, ngram-simple, suffix, and auto against
+one baseline, and ranks them by the median wall-time speed-up of
 a whole pass. A configuration whose output differs from the baseline's (the equal-work check) is
 listed with the reasons and never ranked: its "speed-up" would compare different work.
 
@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="new or empty folder for the results (default: bench/results/<time>)")
     g.add_argument("--port", type=int, default=None, help="port for the servers (default: free)")
     g.add_argument("--sweep", action="store_true",
-                   help="measure draft n-max 2/4/8, ngram-simple and ngram-simple,draft-simple "
-                        "against one baseline and rank them")
+                   help="measure draft n-max 2/4/8, ngram-simple, suffix and auto against one "
+                        "baseline and rank them")
     g.add_argument("--load-timeout", type=float, default=900.0,
                    help="seconds a server may take to load before bench gives up (900)")
     g.add_argument("--client", default=None,

@@ -45,7 +45,7 @@ SWEEP = (
     Variant("draft-n4", "draft-simple", 4),
     Variant("draft-n8", "draft-simple", 8),
     Variant("ngram", "ngram-simple"),
-    Variant("ngram-draft", "ngram-simple,draft-simple"),
+    Variant("suffix", "suffix"),
     Variant("auto", "auto"),
 )
 LLAMA = (  # --llama-server: the same client against llama.cpp, in the same turns

@@ -122,6 +122,41 @@ class AcceptanceTracker:
 
 
 @dataclass(slots=True)
+class Calibration:
+    """P(a drafted token is accepted | it was reached, its proposer's confidence), in `bins`
+    equal bins of confidence. Each bin starts from a prior of weight `weight` centred on the
+    confidence itself (the proposer is believed until it is measured), so a proposer whose
+    confidences run high (a draft model sure of a wrong token) is corrected by what the target
+    actually accepted. Only reached tokens count: the first rejected one, and those before it."""
+
+    bins: int = 10
+    weight: float = 2.0
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reached = self.reached or [0] * self.bins
+        self.accepted = self.accepted or [0] * self.bins
+
+    def bin(self, conf: float) -> int:
+        return min(self.bins - 1, max(0, int(conf * self.bins)))
+
+    def p(self, conf: float) -> float:
+        b = self.bin(conf)
+        return (self.accepted[b] + self.weight * conf) / (self.reached[b] + self.weight)
+
+    def seen(self, conf: float) -> int:
+        """How many reached tokens this confidence's bin has counted."""
+        return self.reached[self.bin(conf)]
+
+    def update(self, conf: list[float], n_accepted: int) -> None:
+        for j in range(min(n_accepted + 1, len(conf))):
+            b = self.bin(conf[j])
+            self.reached[b] += 1
+            self.accepted[b] += j < n_accepted
+
+
+@dataclass(slots=True)
 class Controller:
     """Picks k in 0..n_max for one sequence; k = 0 turns speculation off for that step.
 
@@ -136,6 +171,7 @@ class Controller:
     costs: CostModel
     n_max: int
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    calibration: Calibration = field(default_factory=Calibration)
     probe_every: int = 16
     margin: float = 0.05
     _idle: int = 0
@@ -169,6 +205,39 @@ class Controller:
             return best_k
         return 0
 
-    def update(self, k: int, n_accepted: int) -> None:
+    def cut(self, conf: list[float]) -> int:
+        """How many tokens of a draft already made to verify, from their confidences: the k
+        maximizing E[tokens | k] / t_verify(k + 1), each token's acceptance the calibrated
+        probability of its confidence (given the tokens before it were accepted). Drafting
+        cost is spent already, so only verification counts. 0 when the best k is not
+        predicted to beat plain decoding by `margin`; then, every `probe_every` such steps, 1
+        if the first token's confidence bin is still unmeasured (fewer than 8 tokens): a probe
+        costs one row and is made only where it can still change the calibration."""
+        t1 = self.costs.verify_time(1)
+        if t1 is None or not conf:
+            return len(conf)  # nothing measured yet: verify it, and measure
+        plain = 1.0 / t1
+        best_rate, best_k = 0.0, 0
+        expected, p = 1.0, 1.0
+        for k, c in enumerate(conf[: self.n_max], start=1):
+            p *= self.calibration.p(c)
+            expected += p
+            t = self.costs.verify_time(k + 1)
+            if t is None:
+                break
+            if expected / t > best_rate:
+                best_rate, best_k = expected / t, k
+        if best_rate > plain * (1 + self.margin):
+            self._idle = 0
+            return best_k
+        self._idle += 1
+        if self._idle >= self.probe_every and self.calibration.seen(conf[0]) < 8:
+            self._idle = 0
+            return 1
+        return 0
+
+    def update(self, k: int, n_accepted: int, conf: list[float] | None = None) -> None:
         if k > 0:
             self.acceptance.update(k, n_accepted)
+            if conf:
+                self.calibration.update(conf[:k], n_accepted)

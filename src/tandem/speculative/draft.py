@@ -66,6 +66,8 @@ class DraftModelProposer:
     what the target kept.
     """
 
+    free = False  # every drafted token is a pass of the draft model
+
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
                  prefill_chunk: int = 512, window: int = 0, vocab: int = 0,
@@ -145,14 +147,18 @@ class DraftModelProposer:
         logits = self._feed(self.tokens[self._seen():])
         ids: list[int] = []
         rows: list[torch.Tensor] = []
+        conf: list[float] = []  # the draft's probability of each token it proposes
         for i in range(k):
-            if torch.softmax(logits.float(), -1).max().item() < self.p_min:
+            top = torch.softmax(logits.float(), -1).max().item()
+            if top < self.p_min:
                 break
             if self.sampling.greedy:
                 j = int(logits.argmax())
+                conf.append(top)
             else:
                 q = logits_to_probs(logits[None], self.sampling)[0]
                 j = sample(q, self.gen)
+                conf.append(float(q[j]))
                 if self.short is not None:  # the distribution over the whole vocabulary
                     q = torch.zeros(self.model.args.vocab_size, dtype=q.dtype).index_copy_(
                         0, self.short.ids, q)
@@ -162,7 +168,7 @@ class DraftModelProposer:
                 logits = self._feed(ids[-1:])
         if len(ids) < max(self.n_min, 1):
             return Draft([])
-        return Draft(ids, torch.stack(rows) if rows else None)
+        return Draft(ids, torch.stack(rows) if rows else None, conf)
 
     def accept(self, n_accepted: int, new_ids: list[int]) -> None:
         # the draft saw tokens + ids[:-1]; keep what the target kept
@@ -171,3 +177,6 @@ class DraftModelProposer:
         self.tokens.extend(new_ids)
         if self.short is not None:
             self.short.add(new_ids)
+
+    def end(self) -> None:
+        pass

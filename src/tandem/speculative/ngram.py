@@ -32,6 +32,8 @@ class NgramProposer:
     exactly the most recent start before the suffix's own.
     """
 
+    free = True  # a few dict lookups per draft
+
     def __init__(self, ngram_min: int = 2, ngram_max: int = 4, m: int = 8) -> None:
         # the sizes come from a SpecConfig, which checked them (1 <= min <= max, m >= 1)
         assert 1 <= ngram_min <= ngram_max and m >= 1, (ngram_min, ngram_max, m)
@@ -49,6 +51,9 @@ class NgramProposer:
     def accept(self, n_accepted: int, new_ids: list[int]) -> None:
         # Only the appended tokens matter here; n_accepted is part of the shared interface.
         self._extend(new_ids)
+
+    def end(self) -> None:
+        pass
 
     def propose(self, k: int) -> Draft:
         s = self.tokens

@@ -22,10 +22,21 @@ class Draft:
     ids: the drafted token ids, at most k of them; empty = nothing to propose this time.
     probs: (len(ids), V) float tensor, row i the distribution ids[i] was drawn from;
         None = a deterministic proposer (n-gram): the verifier treats q(ids[i]) as 1.
+    conf: per token, the proposer's own confidence in [0, 1] that the target will agree (the
+        draft model's probability of its token, the suffix proposer's smoothed frequency);
+        None = no opinion. The controller calibrates it against what was accepted.
     """
 
     ids: list[int]
     probs: torch.Tensor | None = None
+    conf: list[float] | None = None
+
+    def cut(self, k: int) -> Draft:
+        """The first k tokens of this draft."""
+        if k >= len(self.ids):
+            return self
+        return Draft(self.ids[:k], None if self.probs is None else self.probs[:k],
+                     None if self.conf is None else self.conf[:k])
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -33,7 +44,15 @@ class Draft:
 
 @runtime_checkable
 class Proposer(Protocol):
-    """A source of draft tokens for one sequence (one slot)."""
+    """A source of draft tokens for one sequence (one slot).
+
+    free: True when proposing costs next to nothing (n-gram, suffix: the controller may look at
+    a whole draft before deciding how much of it to verify), False when each token costs a
+    model pass (the draft model: the controller decides how many to draft first). A costly
+    proposer that reads the prompt lazily also has `unseen()` (tokens it has not read yet) and
+    `prepare()` (read them now, in prompt chunks; returns how many)."""
+
+    free: bool
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Start a new sequence whose tokens so far are prompt_ids (forgets any earlier one)."""
@@ -46,4 +65,8 @@ class Proposer(Protocol):
     def accept(self, n_accepted: int, new_ids: list[int]) -> None:
         """The target kept the first n_accepted draft tokens; new_ids were appended to the
         sequence this iteration (those accepted tokens followed by the target's own token)."""
+        ...
+
+    def end(self) -> None:
+        """The sequence is over (a proposer may keep what it learned for later requests)."""
         ...

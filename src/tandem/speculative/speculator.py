@@ -1,0 +1,182 @@
+"""One sequence's speculation: which proposers draft, under which controller, and what they learn.
+
+The engine asks a `Speculator` for a draft, has the target verify it, and tells it what was
+accepted; everything about how drafts are made and sized lives here:
+
+    draft = speculator.draft(budget, remaining)   proposers in order, the first useful draft
+    ... target verifies [last, *draft] ...
+    speculator.accept(draft, n_accepted, tokens)  proposers roll back, controllers calibrate
+    speculator.end()                              the output joins the shared suffix pool
+
+`Speculation` is what all sequences share: the measured pass costs (one machine), the draft
+model and its cache, the draft model's acceptance over every request, the suffix pool.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingParams, SpecConfig
+from ..models.decoder import KVCache
+from ..models.loader import LoadedModel
+from .controller import AcceptanceTracker, Controller, CostModel
+from .draft import DraftModelProposer
+from .ngram import NgramProposer
+from .proposer import Draft, Proposer
+from .stats import SpecStats
+from .suffix import SuffixPool, SuffixProposer
+
+
+@dataclass(slots=True)
+class _Entry:
+    proposer: Proposer
+    controller: Controller | None  # None: the proposer's own fixed rule (no auto)
+
+
+class Speculation:
+    """What every sequence's speculation shares: `costs` (seconds per target pass by rows, per
+    draft token; one machine, so one model of it), the draft model with its cache,
+    `draft_history` (the draft model's acceptance over every request, to judge whether reading
+    a prompt into it will pay) and the pool of earlier outputs (`--spec-suffix-pool`)."""
+
+    def __init__(self, draft: LoadedModel | None, draft_cache: KVCache | None,
+                 prefill_chunk: int, pool_tokens: int = 0) -> None:
+        self.draft, self.draft_cache, self.prefill_chunk = draft, draft_cache, prefill_chunk
+        self.costs = CostModel()
+        self.draft_history = AcceptanceTracker()
+        self.pool = SuffixPool(pool_tokens) if pool_tokens > 0 else None
+
+    def start(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
+              gen: torch.Generator | None, prompt: list[int], stats: SpecStats) -> Speculator:
+        """The speculation of a new sequence whose tokens so far are prompt (spec resolved)."""
+        entries: list[_Entry] = []
+        for t in spec.types:
+            if t == "ngram-simple":
+                p: Proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_m)
+                n_max = spec.ngram_m
+            elif t == "suffix":
+                # under auto the controller cuts each draft; alone, a fixed confidence floor
+                p = SuffixProposer(spec.suffix_max, self.pool,
+                                   min_conf=0.0 if spec.adaptive else 0.5)
+                n_max = spec.suffix_max
+            elif t == "draft-simple":  # resolved specs name it only when there is a draft
+                p = DraftModelProposer(self.draft.model, self.draft_cache, slot, sampling, gen,
+                                       spec.n_max, spec.n_min, spec.p_min,
+                                       prefill_chunk=self.prefill_chunk,
+                                       window=spec.draft_window, vocab=spec.draft_vocab,
+                                       lazy=spec.adaptive)
+                n_max = spec.n_max
+            else:
+                continue
+            p.begin(list(prompt))
+            ctl = Controller(self.costs, n_max=n_max) if spec.adaptive else None
+            entries.append(_Entry(p, ctl))
+        return Speculator(self, entries, stats)
+
+
+class Speculator:
+    """One sequence's proposers, each with its controller under auto (see `draft`)."""
+
+    def __init__(self, shared: Speculation, entries: list[_Entry], stats: SpecStats) -> None:
+        self.shared, self.entries, self.stats = shared, entries, stats
+        self._by: _Entry | None = None  # the entry whose proposer drafted this step
+        self._ended = False
+
+    @property
+    def proposers(self) -> list[Proposer]:
+        return [e.proposer for e in self.entries]
+
+    def draft(self, budget: int, remaining: int) -> Draft:
+        """The first useful draft of the proposers in order, at most `budget` tokens.
+
+        A free proposer (suffix, n-gram) drafts its most and its controller keeps the prefix
+        the confidences say will pay (`Controller.cut`; a draft without confidences is capped
+        by the per-position estimate). The draft model is costly per token: its controller
+        chooses how many to draft first (from measured costs and acceptance), the model stops
+        earlier below p_min, and the confidences of what it drafted may cut it further.
+        remaining: tokens this sequence may still generate (whether a lazy draft model's
+        catch-up on the prompt can pay)."""
+        self._by = None
+        if budget <= 0:
+            return Draft([])
+        costs = self.shared.costs
+        for e in self.entries:
+            p, ctl = e.proposer, e.controller
+            if p.free:
+                t0 = time.perf_counter()
+                d = p.propose(budget)
+                self.stats.t_draft += time.perf_counter() - t0
+                if ctl is not None and d.ids:
+                    k = ctl.cut(d.conf) if d.conf is not None else ctl.choose(0.0)
+                    d = d.cut(k)
+            else:
+                k = budget if ctl is None else min(budget, ctl.choose(None))
+                if k <= 0:
+                    continue
+                catch_up = p.unseen()
+                if ctl is not None and catch_up > 2:
+                    # a lazy draft (auto) has not read the prompt, or fell behind while idle
+                    if not self._catch_up_pays(ctl.n_max, catch_up, remaining):
+                        continue
+                    t0 = time.perf_counter()
+                    fed = p.prepare()
+                    dt = time.perf_counter() - t0
+                    self.stats.t_draft += dt
+                    costs.record_draft_prefill(fed, dt)
+                    catch_up -= fed
+                t0 = time.perf_counter()
+                d = p.propose(k)
+                dt = time.perf_counter() - t0
+                self.stats.t_draft += dt
+                # the per-token cost of drafting; a draft that first caught up on many tokens
+                # it skipped while idle (k = 0 steps) would overstate it: not recorded
+                if catch_up <= 2:
+                    costs.record_draft(max(len(d.ids), 1), dt)
+                if ctl is not None and d.ids and d.conf is not None:
+                    d = d.cut(ctl.cut(d.conf))
+            if d.ids:
+                self._by = e
+                return d
+        return Draft([])
+
+    def _catch_up_pays(self, n_max: int, n: int, remaining: int) -> bool:
+        """Whether feeding the draft n unseen tokens now is likely to be paid back by the rest
+        of this generation: the time the draft saves per remaining token (its best k against
+        plain decoding, with the draft's acceptance so far over every request) times the
+        tokens still to come, against n times the measured per-token cost of the draft reading
+        a prompt. Unmeasured costs: yes (measure them)."""
+        c = self.shared.costs
+        t_plain, pre = c.verify_time(1), c.draft_prefill_token
+        if t_plain is None or pre is None:
+            return True
+        judge = Controller(c, n_max=n_max, acceptance=self.shared.draft_history)
+        d = c.draft_token or 0.0
+        plain = judge.rate(0, d)
+        best = max((judge.rate(k, d) or 0.0 for k in range(1, n_max + 1)), default=0.0)
+        if not plain or best <= plain:
+            return False
+        return remaining * (1 / plain - 1 / best) > n * pre
+
+    def accept(self, draft: Draft, n_accepted: int, tokens: list[int]) -> None:
+        """The target kept n_accepted of the draft's tokens and appended `tokens`."""
+        for p in self.proposers:
+            p.accept(n_accepted, tokens)
+        k = len(draft.ids)
+        if not k:
+            return
+        self.stats.record(k, n_accepted)
+        e = self._by
+        if e is not None and e.controller is not None:
+            e.controller.update(k, n_accepted, draft.conf)
+        if e is not None and not e.proposer.free:
+            self.shared.draft_history.update(k, n_accepted)
+
+    def end(self) -> None:
+        """The sequence is over (once): proposers may keep what it taught them."""
+        if not self._ended:
+            self._ended = True
+            for p in self.proposers:
+                p.end()

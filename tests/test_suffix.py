@@ -1,0 +1,170 @@
+"""The suffix proposer, its shared pool of earlier outputs, and drafts cut by calibrated
+confidence."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem.speculative.controller import Calibration, Controller, CostModel
+from tandem.speculative.proposer import Proposer
+from tandem.speculative.suffix import SuffixIndex, SuffixPool, SuffixProposer, grow
+
+
+def proposer(seq: list[int], n_max: int = 16, pool: SuffixPool | None = None,
+             min_conf: float = 0.0) -> SuffixProposer:
+    p = SuffixProposer(n_max, pool, min_conf=min_conf)
+    p.begin(seq)
+    return p
+
+
+def test_docstring_example():
+    seq = [4, 1, 2, 3, 7, 1, 2, 3, 7, 8, 1, 2, 3]
+    d = proposer(seq).propose(2)
+    # (1, 2, 3) was followed by 7 both times; then (1, 2, 3, 7) by 1 once and by 8 once:
+    # the most recent (8) wins, with a lower confidence than the agreed 7
+    assert d.ids == [7, 8]
+    assert d.conf == pytest.approx([(2 + 3 / 5) / 3, (1 + 4 / 6) / 3])
+    assert d.conf[0] > d.conf[1]
+    assert isinstance(proposer(seq), Proposer)
+
+
+def test_the_longest_match_wins_over_the_most_frequent_short_one():
+    # "9 5" is followed by 1 three times, but the 6-token end "2 3 4 8 9 5" occurred once,
+    # followed by 7: that occurrence is the one to copy
+    seq = [9, 5, 1, 9, 5, 1, 9, 5, 1, 2, 3, 4, 8, 9, 5, 7, 6, 0, 2, 3, 4, 8, 9, 5]
+    d = proposer(seq).propose(3)
+    assert d.ids == [7, 6, 0]
+
+
+def test_a_longer_match_is_more_confident_than_a_short_one():
+    long_ctx = list(range(100, 130))
+    a = proposer([*long_ctx, 1, 2, *long_ctx]).propose(1)  # a 30-token match, seen once
+    b = proposer([5, 6, 1, 2, 7, 5, 6]).propose(1)  # a 2-token match, seen once
+    assert a.ids == [1] and b.ids == [1]
+    assert a.conf[0] > b.conf[0]
+
+
+def test_a_repetition_continues_into_its_own_draft():
+    d = proposer([3, 3, 3]).propose(5)
+    assert d.ids == [3, 3, 3, 3, 3]
+    d = proposer([1, 2, 1, 2, 1]).propose(4)
+    assert d.ids == [2, 1, 2, 1]
+
+
+def test_no_match_no_draft_and_k_caps_it():
+    assert proposer([1, 2, 3, 4]).propose(4).ids == []
+    assert proposer([]).propose(4).ids == []
+    assert proposer([1, 2, 1, 2, 1]).propose(0).ids == []
+    seq = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert proposer(seq).propose(2).ids == [3, 4]
+    assert proposer(seq, n_max=1).propose(8).ids == [3]
+
+
+def test_alone_it_stops_below_its_confidence_floor():
+    seq = [4, 1, 2, 3, 7, 1, 2, 3, 7, 8, 1, 2, 3]
+    assert proposer(seq, min_conf=0.7).propose(4).ids == [7]  # 0.87, then 0.56: cut
+
+
+def test_index_agrees_with_a_brute_force_search():
+    rng = random.Random(3)
+    for _ in range(200):
+        seq = [rng.randrange(4) for _ in range(rng.randint(1, 40))]
+        idx = SuffixIndex(depth=4)
+        idx.extend(seq)
+        cands, length = idx.match(seq)
+        # brute force: the longest m such that seq's last m tokens occur ending before some
+        # earlier position i (i < len(seq)), and every such i
+        best, want = 0, []
+        for i in range(1, len(seq)):
+            m = 0
+            while m < i and seq[i - 1 - m] == seq[-1 - m]:
+                m += 1
+            if m > best:
+                best, want = m, [i]
+            elif m == best and m > 0:
+                want.append(i)
+        assert (length, cands) == (best, want), seq
+
+
+def test_each_token_follows_what_the_matches_agree_on():
+    tokens = [1, 2, 5, 1, 2, 5, 1, 2, 6]
+    ids, conf = grow(tokens, [2, 5, 8], 2, 1)  # after (1, 2): 5, 5, 6
+    assert ids == [5] and conf == pytest.approx([(2 + 0.5) / 4])
+
+
+def test_outputs_of_earlier_requests_are_found_in_the_pool():
+    pool = SuffixPool(max_tokens=1000)
+    first = proposer([50, 51], pool=pool)
+    first.accept(0, [10, 11, 12, 13, 14, 15, 16])  # the first request's output
+    first.end()
+    assert pool.docs and list(pool.docs.values())[0] == [10, 11, 12, 13, 14, 15, 16]
+    second = proposer([60, 61, 10, 11, 12], pool=pool)  # never saw 13 itself
+    assert second.propose(4).ids == [13, 14, 15, 16]
+    # without the pool nothing is known
+    assert proposer([60, 61, 10, 11, 12]).propose(4).ids == []
+
+
+def test_the_pool_keeps_its_budget_and_evicts_the_least_recently_used():
+    pool = SuffixPool(max_tokens=40)
+    docs = [[100 * d + i for i in range(10)] for d in range(4)]
+    for doc in docs:
+        pool.add(doc)
+    assert pool.size == 40
+    # a draft from the oldest output makes it the most recently used
+    assert pool.propose([0, 1, 2], 3)[0] == [3, 4, 5]
+    pool.touch(pool.propose([0, 1, 2], 3)[2])
+    pool.add([500 + i for i in range(10)])  # over budget: down to 3/4 of it
+    assert pool.size <= 30
+    kept = list(pool.docs.values())
+    assert docs[0] in kept and docs[1] not in kept and docs[2] not in kept
+    assert pool.propose([300, 301], 2)[0] == [302, 303]  # the index was rebuilt
+    assert pool.propose([100, 101], 2)[0] == []
+
+
+def test_overconfident_proposers_are_calibrated_by_what_was_accepted():
+    cal = Calibration()
+    assert cal.p(0.95) == pytest.approx(0.95)  # believed until measured
+    rng = random.Random(1)
+    for _ in range(300):  # confidences of 0.95, but the target agrees one time in five
+        k = 4
+        n = 0
+        while n < k and rng.random() < 0.2:
+            n += 1
+        cal.update([0.95] * k, n)
+    assert cal.p(0.95) == pytest.approx(0.2, abs=0.05)
+    assert cal.p(0.35) == pytest.approx(0.35)  # other bins untouched
+
+
+def test_cut_verifies_the_prefix_that_pays():
+    # free drafts; 2 rows cost 1.1 plain passes, every further row 0.5 more (this CPU's shape)
+    costs = CostModel()
+    costs.verify = {1: 0.10, 2: 0.11, 3: 0.16, 5: 0.26, 9: 0.46, 17: 0.86}
+    ctl = Controller(costs, n_max=16)
+    sure = [0.995] * 10
+    # near-certain tokens: E[tokens] / t_verify peaks around 8 here (8.8 tokens for 4.6 passes)
+    assert 7 <= ctl.cut(sure) <= 10
+    cheap = CostModel()
+    cheap.verify = {1: 0.10, 17: 0.12}  # a GPU: 17 rows cost what 1 costs
+    assert Controller(cheap, n_max=16).cut(sure) == 10  # verify them all
+    # two sure tokens, then guesses: only the sure part pays
+    assert ctl.cut([0.99, 0.99, 0.15, 0.15, 0.15]) == 2
+    # nothing that pays: 0, and a probe (1 token) only every probe_every steps, only while the
+    # first token's confidence bin is still unmeasured
+    ctl = Controller(costs, n_max=16, probe_every=4)
+    picks = [ctl.cut([0.05, 0.05]) for _ in range(8)]
+    assert picks == [0, 0, 0, 1, 0, 0, 0, 1]
+    for _ in range(8):
+        ctl.update(1, 0, [0.05])
+    assert [ctl.cut([0.05, 0.05]) for _ in range(8)] == [0] * 8  # measured: no more probes
+
+
+def test_a_slower_machine_keeps_the_same_choice():
+    # every pass twice as slow (another process took a core): the ratios, and so the cut, hold
+    fast = CostModel()
+    fast.verify = {1: 0.10, 2: 0.13, 3: 0.18, 5: 0.30, 9: 0.50}
+    slow = CostModel()
+    slow.verify = {r: 2 * t for r, t in fast.verify.items()}
+    for conf in ([0.9] * 8, [0.6] * 8, [0.99, 0.3, 0.3], [0.2] * 4):
+        assert Controller(fast, n_max=8).cut(conf) == Controller(slow, n_max=8).cut(conf)
