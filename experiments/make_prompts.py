@@ -1,12 +1,13 @@
 """Write benchmark prompt files (JSONL for `tandem bench --prompts`) from text nobody here wrote.
 
-    python experiments/make_prompts.py specbench --out bench/prompts/specbench-even-subset.jsonl
+    python experiments/make_prompts.py specbench --per-category 2 --mt-bench 4 \
+        --out bench/prompts/specbench-even-subset.jsonl
     python experiments/make_prompts.py stdlib-edits --out bench/prompts/stdlib-edits.jsonl
 
 specbench: a fixed subset of ../shared/specbench/questions-even.jsonl (the public half of
 Spec-Bench): the first `--per-category` questions (by question_id) of translation,
-summarization, qa, math_reasoning and rag, and the first question of each MT-bench category
-(their first turn), each rendered with the target's own chat template (a user message, then
+summarization, qa, math_reasoning and rag, and the first question of the first `--mt-bench`
+MT-bench categories (their first turn; task "mt-bench"), each rendered with the target's own chat template (a user message, then
 the assistant's turn). The task name is the category.
 
 stdlib-edits: functions from the Python standard library's own source on this machine (the
@@ -71,7 +72,7 @@ def specbench(args) -> list[dict]:
         for r in [r for r in rows if r["category"] == cat][: args.per_category]:
             out.append({"task": cat, "prompt": chat(tok, r["turns"][0]),
                         "question_id": r["question_id"]})
-    for cat in MT_BENCH:
+    for cat in MT_BENCH[: args.mt_bench]:
         r = next(r for r in rows if r["category"] == cat)
         out.append({"task": "mt-bench", "prompt": chat(tok, r["turns"][0]),
                     "question_id": r["question_id"], "category": cat})
@@ -111,7 +112,12 @@ def main() -> None:
     ap.add_argument("what", choices=("specbench", "stdlib-edits"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="default", help="whose chat template (default: default)")
-    ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--per-category", type=int, default=3,
+                    help="specbench: questions per category of translation .. rag (3)")
+    ap.add_argument("--mt-bench", type=int, default=8,
+                    help="specbench: the first question of this many MT-bench categories, in "
+                         "the order writing, roleplay, reasoning, math, coding, extraction, "
+                         "stem, humanities (8)")
     args = ap.parse_args()
     rows = specbench(args) if args.what == "specbench" else stdlib_edits(args)
     with open(args.out, "w", encoding="utf-8") as f:

@@ -214,7 +214,7 @@ def test_default_pair_and_api_key_from_the_environment(monkeypatch):
 
     s, args = settings()
     assert (s.model, s.model_draft, args.spec_types) == ("default", "default-draft", None)
-    assert s.spec.types == ["ngram-simple", "draft-simple"] and s.spec.adaptive  # auto
+    assert s.spec.types == ["suffix", "draft-simple"] and s.spec.adaptive  # auto
     assert s.api_key == "from-env" and s.max_queue == 4
     s, _ = settings("--spec-type", "none", "-np", "3", "--api-key", "flag")
     assert (s.model, s.model_draft, s.api_key, s.max_queue) == ("default", None, "flag", 12)

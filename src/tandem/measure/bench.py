@@ -21,8 +21,9 @@ needed to check the figures:
     *.server.log           each server's log
 
 --llama-server PATH adds llama.cpp's llama-server with the same GGUF files to the same turns:
-target alone, draft-simple and ngram-simple, each with llama.cpp's own defaults (llama-none.json,
-llama-draft.json, llama-ngram.json), and report.md gets a side-by-side section measured by the
+target alone and, each with llama.cpp's own defaults, the types of --llama-spec-types
+(draft-simple and ngram-simple unless told: llama-draft.json, llama-ngram.json; ngram-mod and
+ngram-map-k: llama-ngram-mod.json, llama-ngram-map-k.json), and report.md gets a side-by-side section measured by the
 same client: wall time per pass, decode tokens/s, acceptance, each configuration against
 llama.cpp's target alone, and whether its text equals llama.cpp's.
 
@@ -76,8 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"the benchmark client script (default: {CLIENT} in the source tree)")
     g.add_argument("--llama-server", metavar="PATH", default=None,
                    help="also measure llama.cpp's llama-server (this binary) on the same GGUF "
-                        "files and work, in the same turns: target alone, draft-simple and "
-                        "ngram-simple with llama.cpp's defaults")
+                        "files and work, in the same turns: target alone and the types of "
+                        "--llama-spec-types, each at llama.cpp's defaults")
+    g.add_argument("--llama-spec-types", default="draft-simple,ngram-simple",
+                   help="llama.cpp's speculative types measured with --llama-server, "
+                        "comma-separated: draft-simple, ngram-simple, ngram-mod, ngram-map-k "
+                        "(default: draft-simple,ngram-simple)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,7 +52,10 @@ LLAMA = (  # --llama-server: the same client against llama.cpp, in the same turn
     Variant("llama-none", "none", engine="llama.cpp"),
     Variant("llama-draft", "draft-simple", engine="llama.cpp"),
     Variant("llama-ngram", "ngram-simple", engine="llama.cpp"),
+    Variant("llama-ngram-mod", "ngram-mod", engine="llama.cpp"),
+    Variant("llama-ngram-map-k", "ngram-map-k", engine="llama.cpp"),
 )
+LLAMA_TYPES = tuple(v.spec_type for v in LLAMA[1:])  # --llama-spec-types can name these
 
 
 @dataclass(slots=True)
@@ -77,10 +80,24 @@ class Plan:
         return configuration(self.args, variant, self.target, self.draft)
 
     def llama_variants(self) -> list[Variant]:
-        """llama.cpp's configurations for --llama-server (draft-simple only with a draft)."""
+        """llama.cpp's configurations for --llama-server: its target alone, then those of
+        --llama-spec-types (draft-simple only with a draft)."""
         if self.args.llama_server is None:
             return []
-        return [v for v in LLAMA if self.draft is not None or not v.uses_draft]
+        wanted = {"none", *llama_types(self.args)}
+        return [v for v in LLAMA
+                if v.spec_type in wanted and (self.draft is not None or not v.uses_draft)]
+
+
+def llama_types(args: argparse.Namespace) -> list[str]:
+    """--llama-spec-types as a checked list."""
+    text = getattr(args, "llama_spec_types", None) or "draft-simple,ngram-simple"
+    types = [t.strip() for t in text.split(",") if t.strip()]
+    for t in types:
+        if t not in LLAMA_TYPES:
+            raise TandemError(f"--llama-spec-types: unknown type {t!r}; choose from "
+                              f"{', '.join(LLAMA_TYPES)}")
+    return types
 
 
 def say(message: str) -> None:
@@ -105,6 +122,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     for variant in [BASELINE, *todo]:
         validate(configuration(args, variant, target, draft))
     if args.llama_server is not None:
+        llama_types(args)
         check_llama_server(args.llama_server, target, draft)
     client = find_client(args.client)
     check_prompts(client, args)
