@@ -3,6 +3,8 @@
     python experiments/make_prompts.py specbench --per-category 2 --mt-bench 4 \
         --out bench/prompts/specbench-even-subset.jsonl
     python experiments/make_prompts.py stdlib-edits --out bench/prompts/stdlib-edits.jsonl
+    cat bench/prompts/specbench-even-subset.jsonl > bench/prompts/held-out-mix.jsonl
+    head -3 bench/prompts/stdlib-edits.jsonl >> bench/prompts/held-out-mix.jsonl
 
 specbench: a fixed subset of ../shared/specbench/questions-even.jsonl (the public half of
 Spec-Bench): the first `--per-category` questions (by question_id) of translation,
@@ -121,8 +123,11 @@ def main() -> None:
     args = ap.parse_args()
     rows = specbench(args) if args.what == "specbench" else stdlib_edits(args)
     with open(args.out, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        for r in rows:  # the bench reads task and prompt only; where each came from: stderr
+            print(f"{r['task']}: {r.get('source') or r.get('question_id')}"
+                  f"{' (' + r['category'] + ')' if 'category' in r else ''}", file=sys.stderr)
+            f.write(json.dumps({"task": r["task"], "prompt": r["prompt"]},
+                               ensure_ascii=False) + "\n")
     print(f"{len(rows)} prompts -> {args.out}")
 
 
