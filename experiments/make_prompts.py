@@ -10,7 +10,7 @@ specbench: a fixed subset of ../shared/specbench/questions-even.jsonl (the publi
 Spec-Bench): the first `--per-category` questions (by question_id) of translation,
 summarization, qa, math_reasoning and rag, and the first question of the first `--mt-bench`
 MT-bench categories (their first turn; task "mt-bench"), each rendered with the target's own chat template (a user message, then
-the assistant's turn). The task name is the category.
+the assistant's turn). The task name is the category and the question_id (task names are unique in a prompts file).
 
 stdlib-edits: functions from the Python standard library's own source on this machine (the
 interpreter's, so the text is whatever that version ships), each with an edit instruction
@@ -72,11 +72,11 @@ def specbench(args) -> list[dict]:
     out = []
     for cat in CATEGORIES:
         for r in [r for r in rows if r["category"] == cat][: args.per_category]:
-            out.append({"task": cat, "prompt": chat(tok, r["turns"][0]),
+            out.append({"task": f"{cat}-{r['question_id']}", "prompt": chat(tok, r["turns"][0]),
                         "question_id": r["question_id"]})
     for cat in MT_BENCH[: args.mt_bench]:
         r = next(r for r in rows if r["category"] == cat)
-        out.append({"task": "mt-bench", "prompt": chat(tok, r["turns"][0]),
+        out.append({"task": f"mt-bench-{cat}", "prompt": chat(tok, r["turns"][0]),
                     "question_id": r["question_id"], "category": cat})
     return out
 
@@ -103,7 +103,7 @@ def stdlib_edits(args) -> list[dict]:
         code = function_source(module, name)
         text = (f"{instruction}\n\nOutput the complete edited function and nothing else.\n\n"
                 f"```python\n{code}\n```")
-        out.append({"task": "stdlib-edit", "prompt": chat(tok, text),
+        out.append({"task": f"stdlib-edit-{name}", "prompt": chat(tok, text),
                     "source": f"{module}.{name} (Python {sys.version.split()[0]})"})
     return out
 
