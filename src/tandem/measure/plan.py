@@ -31,6 +31,8 @@ class Variant:
 
     @property
     def uses_draft(self) -> bool:
+        if self.engine != "tandem":  # llama.cpp's own type names
+            return "draft-simple" in self.spec_type.split(",")
         return SpecConfig(types=self.spec_type).uses_draft
 
     def label(self, n_max: int) -> str:
