@@ -344,6 +344,23 @@ def test_llama_server_must_be_an_executable(models, tmp_path):
     assert not (tmp_path / "out").exists()  # refused before any folder or server
 
 
+def test_llama_spec_types_choose_llama_cpp_configurations(models, tmp_path):
+    exe = fake_llama_server(tmp_path)
+    args = bench_args(*quick(models, tmp_path, PROMPTS, "--llama-server", exe,
+                             "--llama-spec-types", "ngram-mod,ngram-map-k"))
+    p = plan.make_plan(args)
+    got = [(v.name, v.spec_type, v.uses_draft) for v in p.llama_variants()]
+    assert got == [("llama-none", "none", False), ("llama-ngram-mod", "ngram-mod", False),
+                   ("llama-ngram-map-k", "ngram-map-k", False)]
+    assert "--spec-type ngram-mod" in " ".join(servers.llama_command(p, p.llama_variants()[1],
+                                                                     8080))
+    (tmp_path / "b").mkdir()
+    bad = bench_args(*quick(models, tmp_path / "b", PROMPTS, "--llama-server", exe,
+                            "--llama-spec-types", "ngram-simple,eagle"))
+    with pytest.raises(TandemError, match="--llama-spec-types: unknown type 'eagle'"):
+        plan.make_plan(bad)
+
+
 def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
     def run(name, walls, contents=("a", "b"), **prompt):
         reqs = [request(t, p, w / 2, ms=500.0, n=10, content=c, **prompt)

@@ -127,3 +127,26 @@ def test_speculating_controller_probes_one_token_longer_now_and_then():
     ctl = Controller(c, n_max=3, acceptance=trained(0.95), probe_every=4)
     picks = [ctl.choose(0.0) for _ in range(8)]
     assert picks == [1, 1, 1, 2, 1, 1, 1, 2]
+
+
+def test_what_a_proposer_showed_carries_over_to_the_next_request(models):
+    """Acceptance by position and by confidence is learned over every request: a new
+    sequence's controllers start from what earlier ones measured, not from the priors."""
+    target, same, _ = models
+    e = Engine(target, same, EngineConfig(ctx_size=512),
+               SpecConfig(types=["auto"], n_max=4, p_min=0.0))
+    sp = SamplingParams(temperature=0, n_predict=24, ignore_eos=True)
+    ids = [5, 6, 7, 8] * 6  # repetition: the suffix proposer has matches
+    first = e.add(Request(list(ids), sp))
+    while not first.done:
+        e.step()
+    e.release(first)
+    acceptance, calibration = e.speculation.learned["suffix"]
+    seen = sum(calibration.reached)
+    assert seen > 0 and first.stats.n_drafted > 0
+    second = e.add(Request(list(ids), sp))
+    ctl = second.speculator.entries[0].controller
+    assert ctl.calibration is calibration and ctl.acceptance is acceptance
+    e.release(second)
+    # the draft model's controller learns into draft_history, which also judges its catch-up
+    assert e.speculation.learned["draft-simple"][0] is e.draft_history

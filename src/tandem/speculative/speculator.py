@@ -9,7 +9,9 @@ accepted; everything about how drafts are made and sized lives here:
     speculator.end()                              the output joins the shared suffix pool
 
 `Speculation` is what all sequences share: the measured pass costs (one machine), the draft
-model and its cache, the draft model's acceptance over every request, the suffix pool.
+model and its cache, what each kind of proposer has shown over every request (acceptance by
+position and by confidence: the controllers' estimates, so they need not be relearned per
+request), the suffix pool.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from ..config import SamplingParams, SpecConfig
 from ..models.decoder import KVCache
 from ..models.loader import LoadedModel
-from .controller import AcceptanceTracker, Controller, CostModel
+from .controller import AcceptanceTracker, Calibration, Controller, CostModel
 from .draft import DraftModelProposer
 from .ngram import NgramProposer
 from .proposer import Draft, Proposer
@@ -48,6 +50,11 @@ class Speculation:
         self.costs = CostModel()
         self.draft_history = AcceptanceTracker()
         self.pool = SuffixPool(pool_tokens) if pool_tokens > 0 else None
+        # what each kind of proposer has shown so far, over every request: how often its
+        # tokens are accepted by position and by confidence. A controller starts from these
+        # rather than from its priors, so a short request does not pay to relearn them
+        self.learned: dict[str, tuple[AcceptanceTracker, Calibration]] = {
+            "draft-simple": (self.draft_history, Calibration())}
 
     def start(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
               gen: torch.Generator | None, prompt: list[int], stats: SpecStats) -> Speculator:
@@ -72,7 +79,12 @@ class Speculation:
             else:
                 continue
             p.begin(list(prompt))
-            ctl = Controller(self.costs, n_max=n_max) if spec.adaptive else None
+            ctl = None
+            if spec.adaptive:
+                acceptance, calibration = self.learned.setdefault(
+                    t, (AcceptanceTracker(), Calibration()))
+                ctl = Controller(self.costs, n_max=n_max, acceptance=acceptance,
+                                 calibration=calibration)
             entries.append(_Entry(p, ctl))
         return Speculator(self, entries, stats)
 
@@ -169,10 +181,8 @@ class Speculator:
             return
         self.stats.record(k, n_accepted)
         e = self._by
-        if e is not None and e.controller is not None:
+        if e is not None and e.controller is not None:  # (the draft's: draft_history)
             e.controller.update(k, n_accepted, draft.conf)
-        if e is not None and not e.proposer.free:
-            self.shared.draft_history.update(k, n_accepted)
 
     def end(self) -> None:
         """The sequence is over (once): proposers may keep what it taught them."""
