@@ -134,7 +134,9 @@ def test_overconfident_proposers_are_calibrated_by_what_was_accepted():
             n += 1
         cal.update([0.95] * k, n)
     assert cal.p(0.95) == pytest.approx(0.2, abs=0.05)
-    assert cal.p(0.35) == pytest.approx(0.35)  # other bins untouched
+    # a bin never measured starts from its confidence times the shared factor (~0.2 / 0.95)
+    assert cal.p(0.35) == pytest.approx(0.35 * cal.scale)
+    assert cal.scale == pytest.approx(0.2 / 0.95, abs=0.05)
 
 
 def test_cut_verifies_the_prefix_that_pays():
@@ -168,3 +170,29 @@ def test_a_slower_machine_keeps_the_same_choice():
     slow.verify = {r: 2 * t for r, t in fast.verify.items()}
     for conf in ([0.9] * 8, [0.6] * 8, [0.99, 0.3, 0.3], [0.2] * 4):
         assert Controller(fast, n_max=8).cut(conf) == Controller(slow, n_max=8).cut(conf)
+
+
+def test_a_proposer_overconfident_everywhere_is_corrected_everywhere():
+    """Misses in some bins lower the estimate of bins not measured yet (the shared factor),
+    before each bin has its own measurements."""
+    cal = Calibration()
+    for _ in range(10):
+        cal.update([0.65], 0)  # tokens of confidence 0.65, never accepted
+        cal.update([0.85], 0)
+    assert cal.scale < 0.2
+    assert cal.p(0.45) < 0.1  # a bin never measured: corrected by the shared factor
+    assert cal.p(0.65) < 0.1
+    fresh = Calibration()
+    assert fresh.p(0.45) == pytest.approx(0.45)
+
+
+def test_tokens_still_to_come_follow_the_earlier_answers_that_got_as_far():
+    from tandem.speculative.speculator import Speculation
+
+    s = Speculation(None, None, prefill_chunk=512)
+    assert s.expected_remaining(0, 256) == 256  # nothing known: the whole budget
+    s.lengths.extend([10, 12, 14, 200, 220, 240])
+    assert s.expected_remaining(0, 256) == 107  # median of all six lengths
+    assert s.expected_remaining(20, 256) == 200  # past 20 tokens only the long ones count
+    assert s.expected_remaining(20, 50) == 50  # never more than the budget
+    assert s.expected_remaining(230, 256) == 256  # fewer than 3 got this far: the budget

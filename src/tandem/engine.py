@@ -259,7 +259,7 @@ class Engine:
         if self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
             if seq.speculator is not None:
-                seq.speculator.end()
+                seq.speculator.end(finished=seq.stop_type in ("eos", "word", "limit"))
 
     def cancel(self, seq: Sequence) -> None:
         if not seq.done:

@@ -124,15 +124,19 @@ class AcceptanceTracker:
 @dataclass(slots=True)
 class Calibration:
     """P(a drafted token is accepted | it was reached, its proposer's confidence), in `bins`
-    equal bins of confidence. Each bin starts from a prior of weight `weight` centred on the
-    confidence itself (the proposer is believed until it is measured), so a proposer whose
-    confidences run high (a draft model sure of a wrong token) is corrected by what the target
-    actually accepted. Only reached tokens count: the first rejected one, and those before it."""
+    equal bins of confidence, learned in two levels. First one factor for every bin: accepted
+    tokens over the sum of their confidences (`scale`, from a prior of weight `weight` at 1),
+    so a proposer that is overconfident everywhere is corrected everywhere after a few drafts,
+    not bin by bin. Then each bin from a prior of weight `weight` centred on the confidence
+    times that factor, corrected by what the target accepted in that bin. Only reached tokens
+    count: the first rejected one, and those before it."""
 
     bins: int = 10
     weight: float = 2.0
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    conf_sum: float = 0.0  # the confidences of every reached token
+    hits: int = 0  # how many of them were accepted
 
     def __post_init__(self) -> None:
         self.reached = self.reached or [0] * self.bins
@@ -141,9 +145,15 @@ class Calibration:
     def bin(self, conf: float) -> int:
         return min(self.bins - 1, max(0, int(conf * self.bins)))
 
+    @property
+    def scale(self) -> float:
+        """Accepted tokens per unit of confidence, over every bin."""
+        return (self.hits + self.weight) / (self.conf_sum + self.weight)
+
     def p(self, conf: float) -> float:
         b = self.bin(conf)
-        return (self.accepted[b] + self.weight * conf) / (self.reached[b] + self.weight)
+        prior = min(1.0, conf * self.scale)
+        return (self.accepted[b] + self.weight * prior) / (self.reached[b] + self.weight)
 
     def seen(self, conf: float) -> int:
         """How many reached tokens this confidence's bin has counted."""
@@ -154,6 +164,8 @@ class Calibration:
             b = self.bin(conf[j])
             self.reached[b] += 1
             self.accepted[b] += j < n_accepted
+            self.conf_sum += conf[j]
+            self.hits += j < n_accepted
 
 
 @dataclass(slots=True)

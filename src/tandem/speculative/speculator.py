@@ -16,7 +16,9 @@ request), the suffix pool.
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +57,18 @@ class Speculation:
         # rather than from its priors, so a short request does not pay to relearn them
         self.learned: dict[str, tuple[AcceptanceTracker, Calibration]] = {
             "draft-simple": (self.draft_history, Calibration())}
+        # how long the last answers were (tokens), to judge how many tokens are still to come
+        self.lengths: deque[int] = deque(maxlen=64)
+
+    def expected_remaining(self, produced: int, left: int) -> int:
+        """Tokens a generation that has produced `produced` is expected to still produce, at
+        most `left` (its budget): the median of how much longer the earlier answers that got
+        this far went on (an answer that ends at 10 tokens tells nothing about one at 50);
+        the whole budget while fewer than 3 earlier answers got this far."""
+        longer = [n - produced for n in self.lengths if n > produced]
+        if len(longer) < 3:
+            return left
+        return min(left, int(statistics.median(longer)))
 
     def start(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
               gen: torch.Generator | None, prompt: list[int], stats: SpecStats) -> Speculator:
@@ -96,6 +110,7 @@ class Speculator:
         self.shared, self.entries, self.stats = shared, entries, stats
         self._by: _Entry | None = None  # the entry whose proposer drafted this step
         self._ended = False
+        self.produced = 0  # tokens generated so far
 
     @property
     def proposers(self) -> list[Proposer]:
@@ -109,8 +124,8 @@ class Speculator:
         by the per-position estimate). The draft model is costly per token: its controller
         chooses how many to draft first (from measured costs and acceptance), the model stops
         earlier below p_min, and the confidences of what it drafted may cut it further.
-        remaining: tokens this sequence may still generate (whether a lazy draft model's
-        catch-up on the prompt can pay)."""
+        remaining: tokens this sequence may still generate (its budget; with the lengths of
+        earlier answers it says whether a lazy draft model's catch-up on the prompt can pay)."""
         self._by = None
         if budget <= 0:
             return Draft([])
@@ -131,7 +146,8 @@ class Speculator:
                 catch_up = p.unseen()
                 if ctl is not None and catch_up > 2:
                     # a lazy draft (auto) has not read the prompt, or fell behind while idle
-                    if not self._catch_up_pays(ctl.n_max, catch_up, remaining):
+                    expected = self.shared.expected_remaining(self.produced, remaining)
+                    if not self._catch_up_pays(ctl.n_max, catch_up, expected):
                         continue
                     t0 = time.perf_counter()
                     fed = p.prepare()
@@ -176,6 +192,7 @@ class Speculator:
         """The target kept n_accepted of the draft's tokens and appended `tokens`."""
         for p in self.proposers:
             p.accept(n_accepted, tokens)
+        self.produced += len(tokens)
         k = len(draft.ids)
         if not k:
             return
@@ -184,9 +201,12 @@ class Speculator:
         if e is not None and e.controller is not None:  # (the draft's: draft_history)
             e.controller.update(k, n_accepted, draft.conf)
 
-    def end(self) -> None:
-        """The sequence is over (once): proposers may keep what it taught them."""
+    def end(self, finished: bool = True) -> None:
+        """The sequence is over (once): proposers may keep what it taught them, and its length
+        joins the earlier answers' unless it was cut short (cancelled: finished False)."""
         if not self._ended:
             self._ended = True
+            if finished:
+                self.shared.lengths.append(self.produced)
             for p in self.proposers:
                 p.end()
