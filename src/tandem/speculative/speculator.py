@@ -111,6 +111,9 @@ class Speculator:
         self._by: _Entry | None = None  # the entry whose proposer drafted this step
         self._ended = False
         self.produced = 0  # tokens generated so far
+        self.steps = 0  # drafting opportunities so far
+        self.covered = 0  # ... where a free proposer's draft was verified (the draft model's
+        # catch-up can only pay on the others)
 
     @property
     def proposers(self) -> list[Proposer]:
@@ -129,6 +132,7 @@ class Speculator:
         self._by = None
         if budget <= 0:
             return Draft([])
+        self.steps += 1
         costs = self.shared.costs
         for e in self.entries:
             p, ctl = e.proposer, e.controller
@@ -146,7 +150,10 @@ class Speculator:
                 catch_up = p.unseen()
                 if ctl is not None and catch_up > 2:
                     # a lazy draft (auto) has not read the prompt, or fell behind while idle
-                    expected = self.shared.expected_remaining(self.produced, remaining)
+                    # the draft model can only help on the steps the free proposers leave
+                    # empty: of the tokens still to come, that share (smoothed)
+                    empty = (self.steps - self.covered + 1) / (self.steps + 2)
+                    expected = self.shared.expected_remaining(self.produced, remaining) * empty
                     if not self._catch_up_pays(ctl.n_max, catch_up, expected):
                         continue
                     t0 = time.perf_counter()
@@ -167,10 +174,11 @@ class Speculator:
                     d = d.cut(ctl.cut(d.conf))
             if d.ids:
                 self._by = e
+                self.covered += p.free
                 return d
         return Draft([])
 
-    def _catch_up_pays(self, n_max: int, n: int, remaining: int) -> bool:
+    def _catch_up_pays(self, n_max: int, n: int, remaining: float) -> bool:
         """Whether feeding the draft n unseen tokens now is likely to be paid back by the rest
         of this generation: the time the draft saves per remaining token (its best k against
         plain decoding, with the draft's acceptance so far over every request) times the
