@@ -20,7 +20,9 @@ import argparse
 import http.client
 import json
 import os
+import random
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -137,11 +139,18 @@ unmeasured passes, --passes passes over all tasks are recorded with the client's
 the server's own timings, then compared with `tandem compare baseline.json candidate.json`."""
 
 EPILOG = """\
-What this does not measure: time to the first token (requests are not streamed; wall time
-covers prompt processing and generation together), memory use, and concurrent requests (one
-request at a time). Warm-up requests are kept in the output under "warmup", never in
-"requests". Exit status: 0 on success, 1 when the server is unreachable or answers with an
-error, 2 for bad arguments or a bad --prompts file."""
+Latency and load: --stream sends streamed requests and records, per request, the time to the
+first token (TTFT: the first event that carries text or tokens), the gaps between the events
+that followed (mean, max, all of them), and the end-to-end time. --concurrency N keeps N requests
+in flight, --rate R sends them at Poisson arrivals of R per second (seeded by --seed); both
+send --requests requests (default: every task once per pass) within --max-time seconds, and add
+a "load" summary: output tokens per second over the run, and p50/p90/p99 of TTFT, mean and
+largest gap, and end-to-end time (TTFT and gaps only with --stream).
+What this does not measure: time to the first token without --stream (wall time then covers
+prompt processing and generation together), memory use, and concurrent requests without
+--concurrency or --rate (one request at a time). Warm-up requests are kept in the output
+under "warmup", never in "requests". Exit status: 0 on success, 1 when the server is
+unreachable or answers with an error, 2 for bad arguments or a bad --prompts file."""
 
 
 class BenchError(Exception):
@@ -168,7 +177,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--seed", type=int, default=1234, help="seed sent with each request (default: %(default)s)")
     add("--timeout", type=float, default=600.0,
         help="seconds to wait for one request (default: %(default)s)")
+    add("--stream", action="store_true",
+        help="streamed requests: time to first token and the gaps between events")
+    add("--concurrency", type=int, default=0,
+        help="load mode: keep N requests in flight (with --rate: at most N)")
+    add("--rate", type=float, default=0.0,
+        help="load mode: Poisson arrivals, R requests per second on average")
+    add("--requests", type=int, default=0,
+        help="load mode: how many measured requests (default: every task once per pass)")
+    add("--max-time", type=float, default=0.0,
+        help="load mode: send no request after this many seconds (default: no limit)")
     args = parser.parse_args(argv)
+    if args.concurrency < 0:
+        parser.error(f"--concurrency must be 0 (off) or more, got {args.concurrency}")
+    if args.rate < 0:
+        parser.error(f"--rate must be 0 (off) or positive, got {args.rate}")
+    if args.requests < 0 or args.max_time < 0:
+        parser.error("--requests and --max-time must be 0 (unset) or positive")
+    if (args.requests or args.max_time) and not (args.concurrency or args.rate):
+        parser.error("--requests and --max-time need load mode: --concurrency or --rate")
     if args.passes < 1:
         parser.error(f"--passes must be at least 1, got {args.passes}")
     if args.warmup < 0:
@@ -283,7 +310,7 @@ def fetch_props(base: str, timeout: float) -> dict | None:
     return answer if 200 <= status < 300 and isinstance(answer, dict) else None
 
 
-def completion_body(task: dict, seed: int) -> dict:
+def completion_body(task: dict, seed: int, stream: bool = False) -> dict:
     return {
         "prompt": task["prompt"],
         "n_predict": task["n_predict"],
@@ -292,24 +319,73 @@ def completion_body(task: dict, seed: int) -> dict:
         "top_p": 1.0,
         "min_p": 0.0,
         "seed": seed,
-        "stream": False,
+        "stream": stream,
         "cache_prompt": False,
     }
 
 
-def run_request(base: str, task: dict, pass_index: int, args: argparse.Namespace) -> dict:
-    """One timed POST /completion; the record keeps the server's answer as returned."""
-    where = f"POST {base}/completion (task {task['task']!r}, pass {pass_index})"
-    start = time.perf_counter()
+def post_stream(url: str, body: dict, timeout: float) -> tuple[int, object, list[float]]:
+    """POST a streamed request and read its server-sent events: (status, the final event with
+    the whole text as "content", arrival times of the events that carried text or tokens)."""
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        body = completion_body(task, args.seed)
-        status, answer = http_json(f"{base}/completion", body, args.timeout)
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        raw = exc.read().decode("utf-8", errors="replace")
+        try:
+            return exc.code, json.loads(raw), []
+        except json.JSONDecodeError:
+            return exc.code, raw, []
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    final: object = None
+    with response:
+        for raw_line in response:
+            line = raw_line.decode("utf-8", errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            now = time.perf_counter()
+            try:
+                event = json.loads(payload)
+            except json.JSONDecodeError:
+                return response.status, f"an event that is not JSON: {payload[:200]}", arrivals
+            if not isinstance(event, dict) or "error" in event:
+                return 500, event, arrivals
+            if event.get("content") or event.get("tokens"):
+                arrivals.append(now)
+                pieces.append(event.get("content") or "")
+            if event.get("stop"):
+                final = event
+                break
+    if not isinstance(final, dict):
+        return response.status, "the stream ended without a final event (stop: true)", arrivals
+    return response.status, {**final, "content": "".join(pieces)}, arrivals
+
+
+def run_request(base: str, task: dict, pass_index: int, args: argparse.Namespace) -> dict:
+    """One timed POST /completion; the record keeps the server's answer as returned (streamed:
+    the text of every event joined, the final event's fields, and the latency figures)."""
+    where = f"POST {base}/completion (task {task['task']!r}, pass {pass_index})"
+    stream = getattr(args, "stream", False)
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    try:
+        body = completion_body(task, args.seed, stream)
+        if stream:
+            status, answer, arrivals = post_stream(f"{base}/completion", body, args.timeout)
+        else:
+            status, answer = http_json(f"{base}/completion", body, args.timeout)
     except (OSError, http.client.HTTPException) as exc:
         if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
             raise BenchError(f"{where}: no answer within --timeout {args.timeout:g} s",
                              EXIT_SERVER) from None
         raise unreachable(base, exc) from None
-    wall_s = time.perf_counter() - start
+    end = time.perf_counter()
+    wall_s = end - start
     if not 200 <= status < 300 or (isinstance(answer, dict) and "error" in answer):
         raise BenchError(f"{where}: the server answered HTTP {status}: {error_text(answer)}",
                          EXIT_SERVER)
@@ -317,7 +393,7 @@ def run_request(base: str, task: dict, pass_index: int, args: argparse.Namespace
             and isinstance(answer.get("timings"), dict)):
         raise BenchError(f"{where}: the answer lacks llama.cpp's fields content and timings: "
                          f"{error_text(answer)}", EXIT_SERVER)
-    return {
+    record = {
         "task": task["task"],
         "pass": pass_index,
         "wall_s": wall_s,
@@ -329,6 +405,111 @@ def run_request(base: str, task: dict, pass_index: int, args: argparse.Namespace
         "content": answer["content"],
         "speculative": answer.get("speculative"),
     }
+    if stream:
+        record.update(latency(start, arrivals, end))
+    return record
+
+
+def latency(start: float, arrivals: list[float], end: float) -> dict:
+    """A streamed request's latency figures from the arrival times of its events."""
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    return {
+        "ttft_s": arrivals[0] - start if arrivals else None,
+        "events": len(arrivals),
+        "gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
+        "gap_max_s": max(gaps) if gaps else None,
+        "gaps_s": [round(g, 6) for g in gaps],
+        "e2e_s": end - start,
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between the closest ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    at = (len(xs) - 1) * q / 100
+    lo = int(at)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (at - lo)
+
+
+def load_summary(records: list[dict], elapsed_s: float) -> dict:
+    """Throughput over the run and p50/p90/p99 of each latency figure."""
+    tokens = sum(r.get("tokens_predicted") or 0 for r in records)
+    out: dict = {"requests": len(records), "elapsed_s": elapsed_s, "output_tokens": tokens,
+                 "throughput_tok_s": tokens / elapsed_s if elapsed_s > 0 else None}
+    for name in ("ttft_s", "gap_mean_s", "gap_max_s", "e2e_s", "wall_s"):
+        values = [r[name] for r in records if isinstance(r.get(name), (int, float))]
+        if values:
+            out[name] = {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
+    return out
+
+
+def load_line(load: dict) -> str:
+    def ms(name: str) -> str:
+        q = load.get(name)
+        return "-" if q is None else "/".join(f"{1e3 * q[p]:.0f}" for p in ("p50", "p90", "p99"))
+
+    rate = load["throughput_tok_s"]
+    return (f"load: {load['requests']} requests in {load['elapsed_s']:.1f} s, "
+            f"{rate:.2f} output tok/s; p50/p90/p99 ms: TTFT {ms('ttft_s')}, "
+            f"mean gap {ms('gap_mean_s')}, largest gap {ms('gap_max_s')}, "
+            f"end to end {ms('e2e_s')}" if rate is not None else "load: no request finished")
+
+
+def run_load(base: str, tasks: list[dict], args: argparse.Namespace) -> tuple[list, dict]:
+    """Load mode: the measured requests (every task once per pass, or --requests of them in
+    that order) sent N at a time (--concurrency) or at Poisson arrivals (--rate), none after
+    --max-time. Each record adds start_s (its send time from the run's start)."""
+    count = args.requests or args.passes * len(tasks)
+    work = [(tasks[i % len(tasks)], i // len(tasks) + 1) for i in range(count)]
+    records: list[dict] = []
+    errors: list[BenchError] = []
+    lock = threading.Lock()
+    slots = threading.Semaphore(args.concurrency) if args.concurrency else None
+    t0 = time.perf_counter()
+
+    def one(task: dict, pass_index: int) -> None:
+        try:
+            sent = time.perf_counter() - t0
+            record = run_request(base, task, pass_index, args)
+            record["start_s"] = sent
+            with lock:
+                records.append(record)
+            progress("load", len(records), count, record)
+        except BenchError as exc:
+            with lock:
+                errors.append(exc)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    rng = random.Random(args.seed)
+    threads = []
+    next_at = 0.0
+    for task, pass_index in work:
+        if args.rate:
+            next_at += rng.expovariate(args.rate)
+            delay = next_at - (time.perf_counter() - t0)
+            if delay > 0:
+                time.sleep(delay)
+        if slots is not None:
+            slots.acquire()
+        if errors or (args.max_time and time.perf_counter() - t0 > args.max_time):
+            if slots is not None:
+                slots.release()
+            break
+        thread = threading.Thread(target=one, args=(task, pass_index), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    records.sort(key=lambda r: r["start_s"])
+    return records, load_summary(records, elapsed)
 
 
 def progress(kind: str, pass_index: int, total: int, record: dict) -> None:
@@ -370,11 +551,19 @@ def benchmark(args: argparse.Namespace) -> dict:
     print(f"benchmarking {base} ({args.label}): {len(tasks)} tasks, {args.warmup} warm-up "
           f"+ {args.passes} measured passes", file=sys.stderr)
     timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    warmup, measured = run_passes(base, tasks, args)
-    names = ("url", "prompts", "passes", "warmup", "n_predict", "seed", "timeout")
+    load = None
+    if args.concurrency or args.rate:
+        warm = argparse.Namespace(**{**vars(args), "passes": 0})
+        warmup, _ = run_passes(base, tasks, warm)  # the warm-up stays one request at a time
+        measured, load = run_load(base, tasks, args)
+    else:
+        warmup, measured = run_passes(base, tasks, args)
+    names = ("url", "prompts", "passes", "warmup", "n_predict", "seed", "timeout", "stream",
+             "concurrency", "rate", "requests", "max_time")
     settings = {name: getattr(args, name) for name in names}
-    body = completion_body(tasks[0], args.seed)
+    body = completion_body(tasks[0], args.seed, args.stream)
     settings["request"] = {k: v for k, v in body.items() if k not in ("prompt", "n_predict")}
+    extra = {} if load is None else {"load": load}
     return {
         "format": FORMAT,
         "label": args.label,
@@ -384,6 +573,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "tasks": tasks,
         "warmup": warmup,
         "requests": measured,
+        **extra,
     }
 
 
@@ -402,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot write --output {args.output!r}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if "load" in result:
+        print(load_line(result["load"]), file=sys.stderr)
     print(f"wrote {len(result['requests'])} measured requests to {args.output}", file=sys.stderr)
     return 0
 

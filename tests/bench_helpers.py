@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,15 +18,23 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speculative-benchmar
 Answer = Callable[[dict], tuple[int, object]]
 
 
+class Stream(list):
+    """An answer sent as server-sent events: (seconds to wait, event) pairs, in order."""
+
+
 class FakeServer:
     """A /completion server on 127.0.0.1 whose answers come from `answer(body) -> (status, json)`.
 
     `received` keeps every /completion request body, in order. /health and /props answer with
-    the given (status, json) pairs.
+    the given (status, json) pairs. An answer whose payload is a `Stream` goes out as events,
+    each after its delay.
     """
 
     def __init__(self, answer: Answer, health=(200, {"status": "ok"}), props=(404, None)) -> None:
         self.received: list[dict] = []
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0  # the most requests it was answering at once
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,8 +44,28 @@ class FakeServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.received.append(body)
-                self.reply(*answer(body))
+                with server.lock:
+                    server.received.append(body)
+                    server.in_flight += 1
+                    server.most_in_flight = max(server.most_in_flight, server.in_flight)
+                try:
+                    status, payload = answer(body)
+                    if isinstance(payload, Stream):
+                        self.stream(status, payload)
+                    else:
+                        self.reply(status, payload)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def stream(self, status: int, events: Stream) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for delay, event in events:
+                    time.sleep(delay)
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                    self.wfile.flush()
 
             def reply(self, status: int, payload: object) -> None:
                 data = json.dumps(payload).encode()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .bench_helpers import SCRIPT, FakeServer, run_client, write_prompts
+from .bench_helpers import SCRIPT, FakeServer, Stream, run_client, write_prompts
 
 
 def completion(content: str = "def f():\n    pass\n", n: int = 8, ms: float = 80.0) -> dict:
@@ -158,7 +158,8 @@ def test_help_names_what_is_not_measured():
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    phrases = ("time to the first token", "memory", "concurrent requests", "cache_prompt false")
+    phrases = ("time to the first token without --stream", "memory",
+               "concurrent requests without --concurrency or --rate", "cache_prompt false")
     for phrase in phrases:
         assert phrase in text
 
@@ -172,3 +173,80 @@ def test_imports_only_the_standard_library():
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def streamed(pieces: list[tuple[float, str]], n: int) -> Stream:
+    """A llama-server /completion stream: a chunk per (delay, text), then the final event."""
+    events = Stream((delay, {"content": text, "tokens": [1], "stop": False})
+                    for delay, text in pieces)
+    final = {**completion("", n=n), "stop": True}
+    events.append((0.0, final))
+    return events
+
+
+def test_stream_records_time_to_first_token_and_the_gaps_between_events(tmp_path):
+    pieces = [(0.30, "def"), (0.05, " f"), (0.05, "():"), (0.40, "\n    pass"), (0.05, "\n")]
+    with FakeServer(lambda body: (200, streamed(pieces, n=5))) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--passes", "1", "--warmup", "0",
+                          "--stream", "--prompts",
+                          str(write_prompts(tmp_path / "p.jsonl", ['{"task": "t", "prompt": "x"}'])))
+    assert proc.returncode == 0, proc.stderr
+    assert server.received[0]["stream"] is True
+    (r,) = json.loads((tmp_path / "out.json").read_text())["requests"]
+    assert r["content"] == "def f():\n    pass\n"  # the events' text joined
+    assert r["tokens_predicted"] == 5 and r["events"] == 5
+    assert 0.30 <= r["ttft_s"] < 0.30 + 0.15
+    assert len(r["gaps_s"]) == 4
+    for got, want in zip(r["gaps_s"], [0.05, 0.05, 0.40, 0.05]):
+        assert want - 0.005 <= got < want + 0.1
+    assert r["gap_max_s"] == pytest.approx(max(r["gaps_s"]), abs=1e-5) and r["gap_max_s"] >= 0.395
+    assert r["gap_mean_s"] == pytest.approx(sum(r["gaps_s"]) / 4, abs=1e-5)
+    assert r["e2e_s"] >= r["ttft_s"] + sum(r["gaps_s"]) - 1e-3
+
+
+def test_load_mode_keeps_n_requests_in_flight_and_summarizes_percentiles(tmp_path):
+    pieces = [(0.10, "a"), (0.05, "b")]
+    prompts = write_prompts(tmp_path / "p.jsonl", ['{"task": "t1", "prompt": "x"}',
+                                                   '{"task": "t2", "prompt": "y"}'])
+    with FakeServer(lambda body: (200, streamed(pieces, n=2))) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--passes", "3", "--warmup", "1",
+                          "--stream", "--concurrency", "2", "--prompts", str(prompts))
+    assert proc.returncode == 0, proc.stderr
+    assert server.most_in_flight == 2  # the warm-up went one at a time, then 2 at once
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert len(out["warmup"]) == 2 and len(out["requests"]) == 6
+    assert sorted((r["task"], r["pass"]) for r in out["requests"]) == \
+        [(t, p) for t in ("t1", "t2") for p in (1, 2, 3)]
+    load = out["load"]
+    assert load["requests"] == 6 and load["output_tokens"] == 12
+    assert load["throughput_tok_s"] == pytest.approx(12 / load["elapsed_s"])
+    # 6 requests of ~0.15 s, two at a time: about 0.45 s, not the 0.9 s of one at a time
+    assert 0.3 <= load["elapsed_s"] < 0.85
+    assert set(load["ttft_s"]) == {"p50", "p90", "p99"}
+    assert 0.1 <= load["ttft_s"]["p50"] <= load["ttft_s"]["p90"] <= load["ttft_s"]["p99"]
+    assert "output tok/s" in proc.stderr and "TTFT" in proc.stderr
+
+
+def test_rate_mode_sends_a_bounded_number_of_requests(tmp_path):
+    with FakeServer(lambda body: (200, completion())) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--warmup", "0", "--rate", "50",
+                          "--requests", "7")
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.received) == 7
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["load"]["requests"] == 7 and "ttft_s" not in out["load"]  # not streamed
+    assert out["settings"]["rate"] == 50.0
+
+
+def test_percentiles_and_load_flags():
+    import runpy
+
+    bench = runpy.run_path(str(SCRIPT), run_name="bench")
+    pct = bench["percentile"]
+    assert pct([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert pct([1.0, 2.0, 3.0, 4.0, 5.0], 90) == pytest.approx(4.6)
+    assert pct([7.0], 99) == 7.0 and pct([], 50) is None
+    proc = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), "--label", "x", "--output",
+                           "/tmp/x.json", "--requests", "5"], capture_output=True, text=True,
+                          timeout=30)
+    assert_clean_failure(proc, 2, "need load mode")

@@ -382,3 +382,50 @@ def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
     text = sidebyside.side_by_side_markdown(sidebyside.side_by_side(runs))
     assert "| candidate (candidate.json) | 1.35 (1.10-1.60) | 1.56x (1.25-2.00) | - | 20.0 |" in text
     assert "| llama-none (llama-none.json) | 2.10 (2.00-2.20) | 1.00x (1.00-1.00) | 200.0 |" in text
+
+
+# ---- --load: concurrent streamed requests -------------------------------------------------------
+
+
+def test_load_mode_measures_every_server_at_every_concurrency_level(models, tmp_path, capsys):
+    out = tmp_path / "out"
+    exe = fake_llama_server(tmp_path)
+    args = quick(models, tmp_path, PROMPTS, "--spec-type", "suffix", "--load", "-np", "2",
+                 "--concurrency", "1,2", "--llama-server", exe, "--llama-spec-types",
+                 "ngram-simple")
+    assert bench.run(bench_args(*args)) == 0
+    captured = capsys.readouterr()
+    commands = (out / "command.txt").read_text(encoding="utf-8")
+    # every server got two slots (llama-server: its context shared by them, so twice as large)
+    assert commands.count("--parallel 2") == 4
+    assert "--ctx-size 512 --parallel 2" in commands
+    # each level: one streamed client run per server, in turns that flip from level to level
+    runs = re.findall(r"# (\S+): client, pass 1, concurrency (\d)", commands)
+    names = ["baseline", "candidate", "llama-none", "llama-ngram"]
+    assert [n for n, c in runs if c == "1"] == names
+    assert [n for n, c in runs if c == "2"] == names[::-1]
+    assert commands.count("--stream --concurrency 2") == 4
+    rows = load(out / "load.json")["rows"]
+    assert [(r["concurrency"], r["configuration"]) for r in rows] == \
+        [(c, n) for c in (1, 2) for n in names]
+    for r in rows:
+        assert r["requests"] == 2 and r["output_tokens"] == 8 + 6
+        assert r["throughput_tok_s"] > 0 and r["ttft_s"]["p50"] > 0
+        assert r["equal_text"]  # greedy: slots and speculation never change a text
+    assert rows[0]["vs_alone"] == pytest.approx(1.0)
+    for c in (1, 2):
+        run = load(out / f"load-c{c}-candidate.json")
+        assert len(run["load_runs"]) == 1 and run["settings"]["concurrency"] == c
+        assert all(isinstance(r["ttft_s"], float) for r in run["requests"])
+    assert "## Under load (--parallel 2" in (out / "load.md").read_text(encoding="utf-8")
+    assert "output tok/s" in captured.out
+    assert_servers_stopped(out)
+
+
+def test_load_mode_flags_are_checked_before_any_server_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(servers, "serving", no_server)
+    for argv, phrase in ((["--load", "--sweep"], "--load and --sweep are separate runs"),
+                         (["--load", "--concurrency", "0,2"], "--concurrency must list")):
+        with pytest.raises(TandemError, match=re.escape(phrase)):
+            bench.run(bench_args("--spec-type", "ngram-simple", *argv,
+                                 "--out-dir", str(tmp_path / "out")))

@@ -26,10 +26,12 @@ from tandem.models.args import ModelArgs
 
 
 def _plan(models, ctx_size=256, n_parallel=1, max_k=0, mode="auto", dtype="auto", *,
-          prefill_chunk=512, available=None):
-    """memory.plan for the settings a command line gives (EngineConfig)."""
+          prefill_chunk=512, batch_size=None, available=None):
+    """memory.plan for the settings a command line gives (EngineConfig); the largest pass is
+    max(prefill_chunk, batch_size), batch_size being the prefill chunk unless given."""
     cfg = EngineConfig(ctx_size=ctx_size, n_parallel=n_parallel, weights=mode, dtype=dtype,
-                       prefill_chunk=prefill_chunk)
+                       prefill_chunk=prefill_chunk,
+                       batch_size=prefill_chunk if batch_size is None else batch_size)
     return plan(models, cfg, max_k, available=available)
 
 ARGS = ModelArgs(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160,
@@ -125,6 +127,10 @@ def test_working_buffer_arithmetic():
     p = _plan([ModelSpec("target", ARGS, odd)], 1000, 2, 4, "native", prefill_chunk=64,
              available=10**9)
     assert p.rows[0].working == expected + 4 * 160 * 64
+    # a --batch-size above the prompt chunk makes the largest pass, and the plan counts it
+    wide = _plan([ModelSpec("target", ARGS, odd)], 1000, 2, 4, "native", prefill_chunk=64,
+                 batch_size=128, available=10**9)
+    assert wide.rows[0].working > p.rows[0].working
     # every layer weight native: the layers run in C (forward.c) and hold, per chunk row,
     # h (max(dim, q width, ffn) = 160), q, k, v, attention out, residual update, gate, up, the
     # quantized activations (160 * (1/2 + 3/32)) and two copies of the embedding

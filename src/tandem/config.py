@@ -361,7 +361,14 @@ class EngineConfig:
         help="the same for the draft model; int8 by default: the draft only proposes and the "
              "target decides every token, so its rounding changes how often its guesses are "
              "accepted, never the output"))
-    prefill_chunk: int = 512  # prompt tokens per target pass
+    batch_size: int = field(default=512, metadata=flag(
+        "-b", "--batch-size",
+        help="the most rows one target pass carries: a prompt read alone goes in chunks of "
+             "this size (at least 512); while other slots generate, their decode and "
+             "verification rows come first, then a chunk of a waiting prompt sized to take "
+             "about twice their time (measured), within this limit, so running streams keep "
+             "getting tokens while a long prompt is read"))
+    prefill_chunk: int = 512  # prompt tokens per target pass when no slot is generating
     kernels: bool = field(default_factory=lambda: _env_switch("TANDEM_KERNELS"))
     prompt_kernel: bool = field(default_factory=lambda: _env_switch("TANDEM_PROMPT_KERNEL"))
     native_layers: bool = field(default_factory=lambda: _env_switch("TANDEM_NATIVE_LAYERS"))
@@ -371,6 +378,9 @@ class EngineConfig:
             raise TandemError(f"ctx-size must be >= 16, got {self.ctx_size}")
         if self.n_parallel < 1:
             raise TandemError(f"parallel must be >= 1, got {self.n_parallel}")
+        if self.batch_size < 2:
+            raise TandemError(f"batch-size must be >= 2 (a generating slot's row and a prompt "
+                              f"token), got {self.batch_size}")
         if self.prefill_chunk < 1:
             raise TandemError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         for role in ("target", "draft"):

@@ -1,11 +1,13 @@
-"""Slots, the step loop, and per-request statistics.
+"""Slots, the scheduler step, and per-request statistics.
 
-Every active sequence keeps its prompt cached except its last token. One iteration (`step`):
+`add` gives a request a slot; its prompt (all but the last token) is then read in chunks by the
+steps, between the other sequences' tokens. One iteration (`step`):
 
-    draft = speculator.draft(budget)             for each active sequence (proposers, sizes and
-                                                 controllers: speculative/speculator.py)
-    logits = target([last, *draft])              every sequence in one pass (rows padded to the
-                                                 longest; each row computed as if alone)
+    draft = speculator.draft(budget, batch)      for each generating sequence (proposers, sizes
+                                                 and controllers: speculative/speculator.py)
+    logits = target([last, *draft], chunks)     every generating sequence and the waiting
+                                                 prompts' chunks in one pass, unpadded; each row
+                                                 computed as if alone
     res = verify(draft, logits)                  accepted + 1 tokens (recovered or bonus)
     cache.append(slot, [last, *accepted])        the rejected positions are never recorded
     speculator.accept(draft, n, tokens)          proposers roll back what the target rejected
@@ -28,6 +30,12 @@ from .speculative.controller import AcceptanceTracker, CostModel
 from .speculative.speculator import Speculation, Speculator
 from .speculative.stats import SpecStats
 from .speculative.verify import verify
+
+
+# prompt rows beside generating rows take this many times the time those rows take alone
+# (Engine._prompt_share): gaps at most 3x, prompts read at 2/3 speed
+PROMPT_SHARE = 2.0
+PROMPT_MEASURE_ROWS = 16  # a prompt-only pass this large measures the per-row prompt cost
 
 
 @dataclass(slots=True)
@@ -63,7 +71,8 @@ class Sequence:
     detok: object
     tokens: list[int]  # prompt + generated
     n_prompt: int
-    n_prompt_processed: int = 0
+    n_prompt_processed: int = 0  # prompt tokens this request computes (not reused from cache)
+    prefill_at: int = 0  # prompt tokens held in the cache so far (all but the last when read)
     output: list[int] = field(default_factory=list)
     from_draft: list[bool] = field(default_factory=list)  # per output token
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # per output token, if n_probs
@@ -81,6 +90,11 @@ class Sequence:
     @property
     def done(self) -> bool:
         return bool(self.stop_type)
+
+    @property
+    def prefilling(self) -> bool:
+        """Still reading its prompt (all but the last token go into the cache first)."""
+        return self.prefill_at < self.n_prompt - 1
 
     def take_text(self) -> str:
         """Text that is safe to stream now: never part of a possible stop string."""
@@ -148,7 +162,7 @@ class Engine:
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
         # what every sequence's speculation shares: pass costs, the draft model, the pool
         self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
-                                       spec.suffix_pool)
+                                       spec.suffix_pool, shared_catch_up=4 * cfg.batch_size)
 
     @property
     def costs(self) -> CostModel:
@@ -198,28 +212,24 @@ class Engine:
             return seq
         self.slots[slot] = seq
         try:
-            self._prefill(seq)
+            keep = self.cache.common_prefix(slot, ids[:-1]) if req.cache_prompt else 0
+            self.cache.truncate(slot, keep)
+            seq.prefill_at = keep
+            seq.n_prompt_processed = len(ids) - keep
             seq.speculator = self.speculation.start(spec, slot, req.sampling, gen, list(ids),
                                                     seq.stats)
             if spec.adaptive and len(self.costs.verify) < 2:
-                self.calibrate(slot)
+                self.calibrate(slot)  # in the free area after what the slot keeps
         except BaseException:
             self.slots[slot] = None
             raise
-        seq.t_prompt_ms = 1e3 * (time.perf_counter() - seq.t_start)
-        seq.t_gen_start = time.perf_counter()
+        if not seq.prefilling:  # the whole prompt was cached already
+            self._prompt_done(seq)
         return seq
 
-    def _prefill(self, seq: Sequence) -> None:
-        ids = seq.tokens[:-1]
-        keep = self.cache.common_prefix(seq.slot, ids) if seq.req.cache_prompt else 0
-        self.cache.truncate(seq.slot, keep)
-        chunk = self.cfg.prefill_chunk
-        for s in range(keep, len(ids), chunk):
-            part = ids[s:s + chunk]
-            self.target.model(torch.tensor([part]), self.cache, [seq.slot], [s], logits="none")
-            self.cache.append(seq.slot, part)
-        seq.n_prompt_processed = len(ids) - keep + 1
+    def _prompt_done(self, seq: Sequence) -> None:
+        seq.t_prompt_ms = 1e3 * (time.perf_counter() - seq.t_start)
+        seq.t_gen_start = time.perf_counter()
 
     def calibrate(self, slot: int) -> None:
         """Time target passes of up to max_k+1 rows (and a draft step) in a free cache area after
@@ -242,6 +252,12 @@ class Engine:
                 best[rows] = min(best.get(rows, math.inf), time.perf_counter() - t0)
         for rows, seconds in best.items():
             self.costs.record_verify(rows, seconds)
+        rows = min(2 * PROMPT_MEASURE_ROWS, self.cache.max_len - base - 1)
+        if rows >= PROMPT_MEASURE_ROWS:  # a prompt chunk's cost per row (no logits)
+            t0 = time.perf_counter()
+            self.target.model(torch.zeros(1, rows, dtype=torch.long), self.cache, [slot], [base],
+                              logits="none")
+            self.costs.record_prompt(rows, time.perf_counter() - t0)
         if self.draft is not None:
             at = self.draft_cache.length(slot)
             t0 = time.perf_counter()
@@ -285,34 +301,107 @@ class Engine:
         return n - len(seq.output) if n >= 0 else self.cfg.ctx_size - len(seq.tokens)
 
     def step(self) -> list[Sequence]:
-        """One iteration for every active sequence; returns them (check .done, take_text())."""
+        """One scheduler step: one target pass over the rows of every active sequence, unpadded.
+
+        Generating sequences come first, each with its row [last, *draft]; then prompt chunks of
+        the sequences still reading their prompts, oldest first. While any sequence generates,
+        a waiting prompt gets a chunk that takes about twice the time of the generating rows
+        (`_prompt_share`), within `batch_size` rows in all, and those rows carry no draft; so a
+        new prompt costs the running streams passes three times as long while it is read, not
+        a silence as long as the prompt. With no sequence generating, a prompt goes in
+        chunks of max(batch_size, prefill_chunk). Each row is computed as it would be alone,
+        so the outputs do not depend on what shares the pass. Returns the active sequences
+        (check .done, take_text())."""
         seqs = self.active()
         if not seqs:
             return []
-        drafts = [s.speculator.draft(self._budget(s), self._remaining(s)) for s in seqs]
-        t0 = time.perf_counter()
-        T = 1 + max(len(d.ids) for d in drafts)
-        rows = torch.zeros(len(seqs), T, dtype=torch.long)
-        for i, (s, d) in enumerate(zip(seqs, drafts)):
+        gen = [s for s in seqs if not s.prefilling]
+        filling = sorted((s for s in seqs if s.prefilling), key=lambda s: s.t_start)
+        waiting = sum(s.n_prompt - 1 - s.prefill_at for s in filling)
+        limit = self.cfg.batch_size
+        if not gen:
+            prompt_rows, draft_room = min(waiting, max(limit, self.cfg.prefill_chunk)), 0
+        elif filling:  # no drafts: the prompt's chunk takes their time (see _prompt_share)
+            prompt_rows = min(waiting, self._prompt_share(len(gen), limit - len(gen)))
+            draft_room = 0
+        else:  # nothing waits: each draft is bounded by its own budget and controller
+            prompt_rows, draft_room = 0, self.max_k * len(gen)
+        # drafts: each sequence's controller weighs its rows against the rest of the pass
+        # (the other sequences' rows, decided or at least one each, and the prompt rows)
+        drafts = []
+        others = len(gen) + prompt_rows
+        for s in gen:
+            others -= 1
+            d = s.speculator.draft(min(self._budget(s), draft_room), self._remaining(s),
+                                   batch=(others, len(gen) - 1))
+            draft_room -= len(d.ids)
+            others += 1 + len(d.ids)
+            drafts.append(d)
+        tokens, slots, pos, want = [], [], [], []
+        for s, d in zip(gen, drafts):
+            start = self.cache.length(s.slot)
             row = [s.tokens[-1], *d.ids]
-            rows[i, : len(row)] = torch.tensor(row)
-        starts = [self.cache.length(s.slot) for s in seqs]
-        logits = self.target.model(rows, self.cache, [s.slot for s in seqs], starts)
+            want.extend(range(len(tokens), len(tokens) + len(row)))
+            tokens.extend(row)
+            slots.extend([s.slot] * len(row))
+            pos.extend(range(start, start + len(row)))
+        chunks = []
+        left = prompt_rows
+        for s in filling:
+            if left <= 0:
+                break
+            part = s.tokens[s.prefill_at: min(s.n_prompt - 1, s.prefill_at + left)]
+            tokens.extend(part)
+            slots.extend([s.slot] * len(part))
+            pos.extend(range(s.prefill_at, s.prefill_at + len(part)))
+            chunks.append((s, part))
+            left -= len(part)
+        t0 = time.perf_counter()
+        logits = self.target.model.forward_packed(tokens, self.cache, slots, pos, want)
         t_fwd = time.perf_counter() - t0
-        if len(seqs) == 1:  # the controller's cost of a pass with T rows for one sequence
-            self.costs.record_verify(T, t_fwd)
-        for i, (s, d) in enumerate(zip(seqs, drafts)):
+        if gen and not chunks:  # the controllers' cost of a pass by its rows (all with logits)
+            self.costs.record_verify(len(tokens), t_fwd)
+        elif chunks and not gen and len(tokens) >= PROMPT_MEASURE_ROWS:
+            self.costs.record_prompt(len(tokens), t_fwd)
+        for s, part in chunks:
+            self.cache.append(s.slot, part)
+            s.prefill_at += len(part)
+            if not s.prefilling:
+                self._prompt_done(s)
+        at = 0
+        for s, d in zip(gen, drafts):
             t1 = time.perf_counter()
             k = len(d.ids)
-            res = verify(d.ids, d.probs, logits[i, : k + 1], s.req.sampling, s.gen)
+            mine = logits[at: at + k + 1]
+            at += k + 1
+            res = verify(d.ids, d.probs, mine, s.req.sampling, s.gen)
             self.cache.append(s.slot, [s.tokens[-1], *d.ids[: res.n_accepted]])
             s.speculator.accept(d, res.n_accepted, res.tokens)
-            s.stats.t_verify += t_fwd / len(seqs) + time.perf_counter() - t1
+            s.stats.t_verify += t_fwd / len(gen) + time.perf_counter() - t1
             self._append(s, res.tokens, res.n_accepted)
             if s.req.n_probs > 0 and s.n_new:
-                s.logprobs.extend(_logprobs(logits[i, : s.n_new], s.output[-s.n_new:],
+                s.logprobs.extend(_logprobs(mine[: s.n_new], s.output[-s.n_new:],
                                             s.req.n_probs))
+        for s in filling:
+            s.n_new = 0
         return seqs
+
+    def _prompt_share(self, rows: int, room: int) -> int:
+        """How many prompt rows go into a pass next to `rows` generating rows: as many as take
+        PROMPT_SHARE (2) times what those rows take by themselves (measured costs), at most
+        `room` (the --batch-size left), at least 1. The running streams' gaps then grow at most
+        (1 + 2) = 3 times while the prompt is read, and the prompt reads at 2/3 of its speed
+        alone (time to first token at most 1.5 times). On a CPU a prompt row costs about as
+        much in a shared pass as alone, so no split does better on both; and a drafted row in
+        such a pass would lengthen it without reading the prompt, so the generating rows carry
+        no draft until the prompt is read. A pass holds at least the model's full-speed rows
+        (the prompt kernel's 16): with fewer, every row costs more. Unmeasured: `room`."""
+        room = max(1, room)
+        t_gen, t_row = self.costs.verify_time(rows), self.costs.prompt_token
+        if t_gen is None or not t_row:
+            return room
+        share = max(int(PROMPT_SHARE * t_gen / t_row), self.target.model.full_speed_rows - rows)
+        return max(1, min(room, share))
 
     def _append(self, seq: Sequence, new: list[int], n_from_draft: int) -> None:
         sp = seq.req.sampling

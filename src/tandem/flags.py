@@ -74,7 +74,7 @@ def add_model_args(p: argparse.ArgumentParser, *, default_model: str | None = "d
                    help="target: a .gguf file, a Hugging Face directory or a model name "
                         "(default, default-draft, smollm2-135m, gemma3-270m)")
     g.add_argument("-md", "--model-draft", default=None, help="draft model (name or path)")
-    add_config_args(g, EngineConfig, skip=() if parallel else ("n_parallel",))
+    add_config_args(g, EngineConfig, skip=() if parallel else ("n_parallel", "batch_size"))
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +118,8 @@ def to_argv(a: argparse.Namespace, *groups: Callable[[argparse.ArgumentParser], 
         value = getattr(a, action.dest)
         if isinstance(action, argparse._StoreTrueAction):
             argv += [name] if value else []
+        elif isinstance(action, argparse._StoreFalseAction):
+            argv += [] if value else [name]
         elif isinstance(action, argparse._AppendAction):
             for v in value or []:
                 argv += [name, str(v)]

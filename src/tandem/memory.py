@@ -270,7 +270,8 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     probe."""
     if not isinstance(max_k, int) or max_k < 0:
         raise TandemError(f"max drafted tokens must be an integer >= 0, got {max_k!r}")
-    ctx, slots, chunk = cfg.ctx_size, cfg.n_parallel, cfg.prefill_chunk
+    # the most rows a pass holds: a prompt chunk read alone (or --batch-size, if larger)
+    ctx, slots, chunk = cfg.ctx_size, cfg.n_parallel, max(cfg.prefill_chunk, cfg.batch_size)
     rows = []
     for spec in models:
         eff_mode, el = held_as(spec, cfg.numerics(spec.role))

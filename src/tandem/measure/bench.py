@@ -27,6 +27,10 @@ ngram-map-k: llama-ngram-mod.json, llama-ngram-map-k.json), and report.md gets a
 same client: wall time per pass, decode tokens/s, acceptance, each configuration against
 llama.cpp's target alone, and whether its text equals llama.cpp's.
 
+--load measures the same servers (each with -np/--parallel slots) under concurrent streamed
+requests, level by level (--concurrency 1,2,4): throughput, time to first token and the gaps
+between streamed tokens (measure/load.py; load.md).
+
 --sweep measures draft-simple with n-max 2, 4 and 8, ngram-simple, suffix, and auto against
 one baseline, and ranks them by the median wall-time speed-up of
 a whole pass. A configuration whose output differs from the baseline's (the equal-work check) is
@@ -49,6 +53,7 @@ from pathlib import Path
 
 from .. import flags
 from . import compare, servers
+from .load import run_load
 from .plan import BASELINE, CLIENT, Plan, Variant, make_plan, say
 from .ranking import ranking, ranking_markdown, render_ranking, summary
 from .sidebyside import side_by_side, side_by_side_markdown
@@ -57,7 +62,7 @@ EXIT_NOT_EQUAL = 1  # everything was measured and written, but some output diffe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    flags.add_model_args(parser, default_model=None)
+    flags.add_model_args(parser, default_model=None, parallel=True)
     flags.add_spec_args(parser)
     g = parser.add_argument_group("benchmark")
     g.add_argument("--passes", type=int, default=5, help="measured passes per server (5)")
@@ -71,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sweep", action="store_true",
                    help="measure draft n-max 2/4/8, ngram-simple, suffix and auto against one "
                         "baseline and rank them")
+    g.add_argument("--load", action="store_true",
+                   help="measure under concurrent streamed requests at each --concurrency level "
+                        "(with -np/--parallel slots on every server): throughput, time to first "
+                        "token and gaps between tokens, side by side (load.md)")
+    g.add_argument("--concurrency", default="1,2,4",
+                   help="--load: requests in flight, comma-separated levels (1,2,4)")
     g.add_argument("--load-timeout", type=float, default=900.0,
                    help="seconds a server may take to load before bench gives up (900)")
     g.add_argument("--client", default=None,
@@ -94,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     with _sigterm_as_interrupt():
         try:
+            if args.load:
+                return run_load(plan)
             return run_sweep(plan) if args.sweep else run_pair(plan)
         except KeyboardInterrupt:
             print(f"tandem bench: interrupted; servers stopped; partial results in {plan.out_dir}",

@@ -102,6 +102,17 @@ def llama_types(args: argparse.Namespace) -> list[str]:
     return types
 
 
+def concurrency_levels(text: str) -> list[int]:
+    """--concurrency as a checked list of positive integers, in the order given."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise TandemError(f"--concurrency must list positive integers, e.g. 1,2,4; got {text!r}")
+    return levels
+
+
 def say(message: str) -> None:
     print(f"tandem bench: {message}", file=sys.stderr, flush=True)
 
@@ -116,6 +127,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise TandemError(f"--port must be 1..65535, got {args.port}")
     if not args.load_timeout > 0:
         raise TandemError(f"--load-timeout must be > 0 seconds, got {args.load_timeout:g}")
+    if getattr(args, "load", False):
+        if args.sweep:
+            raise TandemError("--load and --sweep are separate runs; choose one")
+        concurrency_levels(args.concurrency)
     if args.sweep and args.spec_types is not None:
         raise TandemError(f"--sweep chooses the spec types itself; drop --spec-type "
                           f"{args.spec_types} (or drop --sweep to measure just that one)")
@@ -161,15 +176,15 @@ def variants(args: argparse.Namespace, draft: str | None) -> list[Variant]:
 def configuration(args: argparse.Namespace, variant: Variant, target: str,
                   draft: str | None) -> argparse.Namespace:
     """The flags of one configuration: the bench's model, engine and speculation flags with the
-    variant's spec type, the draft only where that type uses it, one slot; a sweep's n-max
-    lowers --spec-draft-n-min to fit."""
+    variant's spec type, the draft only where that type uses it, the bench's --parallel slots
+    (1 unless told); a sweep's n-max lowers --spec-draft-n-min to fit."""
     n_max, n_min = args.spec_n_max, args.spec_n_min
     if variant.n_max is not None:
         n_max, n_min = variant.n_max, min(n_min, variant.n_max)
     return argparse.Namespace(**{
         **vars(args), "model": target, "model_draft": draft if variant.uses_draft else None,
         "spec_types": variant.spec_type, "spec_n_max": n_max, "spec_n_min": n_min,
-        "n_parallel": 1,
+        "n_parallel": getattr(args, "n_parallel", 1),
     })
 
 

@@ -105,13 +105,15 @@ class Server:
 
 
 def llama_command(plan: Plan, variant: Variant, port: int) -> list[str]:
-    """llama-server on the same files, threads and context; speculation at llama.cpp's own
-    defaults (what its users get), one slot."""
+    """llama-server on the same files, threads and slots, the same context per slot (its
+    --ctx-size is shared by its slots); speculation at llama.cpp's own defaults (what its users
+    get)."""
     from ..registry import resolve
 
     a = plan.args
     cmd = [a.llama_server, "--model", resolve(plan.target, quiet=True), "--threads", a.n_threads,
-           "--ctx-size", a.ctx_size, "--parallel", 1, "--host", HOST, "--port", port,
+           "--ctx-size", a.ctx_size * a.n_parallel, "--parallel", a.n_parallel,
+           "--host", HOST, "--port", port,
            "--spec-type", variant.spec_type]
     if variant.uses_draft:
         cmd += ["--model-draft", resolve(plan.draft, quiet=True)]
@@ -129,11 +131,12 @@ def serve_command(plan: Plan, variant: Variant, port: int) -> list[str]:
         return llama_command(plan, variant, port)
     config = plan.configuration(variant)
     config.host, config.port = HOST, port
+    del config.n_predict  # the bench's tokens per request, sent with each request, not a flag
     return [*SERVE, *flags.to_argv(config, serve_cli.add_arguments)]
 
 
 def client_command(plan: Plan, label: str, output: Path, url: str, passes: int | None = None,
-                   warmup: int | None = None) -> list[str]:
+                   warmup: int | None = None, extra: tuple[str, ...] = ()) -> list[str]:
     a = plan.args
     passes = a.passes if passes is None else passes
     warmup = a.warmup if warmup is None else warmup
@@ -141,15 +144,13 @@ def client_command(plan: Plan, label: str, output: Path, url: str, passes: int |
            "--label", label, "--output", str(output),
            "--url", url, "--passes", str(passes), "--warmup", str(warmup),
            "--n-predict", str(a.n_predict)]
-    return cmd + (["--prompts", a.prompts] if a.prompts else [])
+    return cmd + (["--prompts", a.prompts] if a.prompts else []) + list(extra)
 
 
-def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
-    """Serve every configuration at once and measure them pass by pass, taking turns (ABBA:
-    the order flips every pass), so that a neighbour slowing this shared machine for a while
-    slows them alike. Only one server works at a time; the others wait idle. Each pass is one
-    client run with --passes 1; the passes are then merged into one client file per
-    configuration, numbered 0, 1, ... as the client numbers them."""
+@contextlib.contextmanager
+def serving(plan: Plan, todo: list[Variant]):
+    """Start every configuration's server, wait until each is ready; yields (variant, label,
+    server) per configuration and stops them all on the way out."""
     a = plan.args
     n = len(todo)
     with contextlib.ExitStack() as stack:
@@ -165,6 +166,17 @@ def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
             seconds = server.wait_ready(a.load_timeout)
             say(f"[{i}/{n}] {variant.name}: ready after {seconds:.1f} s")
             servers.append((variant, label, server))
+        yield servers
+
+
+def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
+    """Serve every configuration at once and measure them pass by pass, taking turns (ABBA:
+    the order flips every pass), so that a neighbour slowing this shared machine for a while
+    slows them alike. Only one server works at a time; the others wait idle. Each pass is one
+    client run with --passes 1; the passes are then merged into one client file per
+    configuration, numbered 0, 1, ... as the client numbers them."""
+    a = plan.args
+    with serving(plan, todo) as servers:
         parts: dict[str, list[Path]] = {v.name: [] for v in todo}
         for r in range(a.passes):
             order = servers if r % 2 == 0 else servers[::-1]
@@ -186,12 +198,19 @@ def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
 
 def merge_passes(files: list[Path], out: Path) -> None:
     """One client file from per-pass client files: the first file's header and warm-up, every
-    file's requests with "pass" set to the file's index; the per-pass files are removed."""
+    file's requests with "pass" set to the file's index (and, from load-mode runs, each run's
+    "load" summary under "load_runs"); the per-pass files are removed."""
     merged = json.loads(files[0].read_text(encoding="utf-8"))
     merged["requests"] = []
+    runs = []
     for r, f in enumerate(files):
         data = json.loads(f.read_text(encoding="utf-8"))
         merged["requests"] += [dict(q, **{"pass": r}) for q in data["requests"]]
+        if "load" in data:
+            runs.append(data["load"])
+    merged.pop("load", None)
+    if runs:
+        merged["load_runs"] = runs
     if isinstance(merged.get("settings"), dict):
         merged["settings"]["passes"] = len(files)
     out.write_text(json.dumps(merged, indent=1, ensure_ascii=False), encoding="utf-8")

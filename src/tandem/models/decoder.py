@@ -229,6 +229,48 @@ class Transformer(nn.Module):
             return x.float()
         return self.output(x, rowwise=logits == "all" and B * T > 1).float()
 
+    @torch.inference_mode()
+    def forward_packed(self, tokens: list[int], cache: KVCache, slots: list[int],
+                       positions: list[int], want: list[int]) -> Tensor | None:
+        """Rows of several slots and lengths in one pass, unpadded: row m is the token
+        tokens[m] at position positions[m] of cache slot slots[m] (a slot's rows consecutive
+        and in order). Returns the logits of the rows `want` (ascending), (len(want), V) float32,
+        or None when want is empty. The engine's scheduler step mixes decode and verification
+        rows with prompt chunks this way; each row is computed as it would be alone (the
+        native layers in one C call; otherwise one pass per slot's run of rows)."""
+        assert want == sorted(want), want
+        native = self.native_layers(cache)
+        if native is not None:
+            x = self.tok_embeddings[torch.tensor(tokens)].float()  # (M, dim)
+            x = native.forward(x, cache.k, cache.v, slots, positions, threads=self.threads)
+            if not want:
+                return None
+            x = rms_norm(x[want], self.norm, self.args.norm_eps).to(self.dtype)
+            return self.output(x, rowwise=len(want) > 1).float()
+        out, m, n = [], 0, len(tokens)
+        while m < n:  # the per-layer path: one pass per run of consecutive positions
+            e = m + 1
+            while e < n and slots[e] == slots[m] and positions[e] == positions[e - 1] + 1:
+                e += 1
+            mine = [w - m for w in want if m <= w < e]
+            run = torch.tensor([tokens[m:e]])
+            if mine:
+                out.append(self.forward(run, cache, [slots[m]], [positions[m]])[0, mine])
+            else:
+                self.forward(run, cache, [slots[m]], [positions[m]], logits="none")
+            m = e
+        return torch.cat(out) if out else None
+
+    @property
+    def full_speed_rows(self) -> int:
+        """The fewest rows with which a pass reads a prompt at full speed: the prompt kernel's
+        threshold where the native layers run it (fewer rows take the row-by-row kernel, ~1.4x
+        the time per row), else 1."""
+        n = self.numerics
+        if n.native_layers and n.prompt_kernel and kernels.available():
+            return kernels.prompt_rows(True)
+        return 1
+
     def native_layers(self, cache: KVCache):
         """The C path for all layers (kernels.NativeLayers) if this model and cache can take it,
         else None. Numerics.native_layers off keeps the per-layer PyTorch path (comparisons)."""

@@ -30,6 +30,7 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
     draft_token: float | None = None
     draft_prefill_token: float | None = None  # the draft reading prompt tokens, per token
+    prompt_token: float | None = None  # the target reading a prompt chunk, per row
     alpha: float = 0.2  # weight of a new measurement
 
     def _mix(self, old: float | None, new: float) -> float:
@@ -48,6 +49,10 @@ class CostModel:
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
             self.draft_token = self._mix(self.draft_token, seconds / tokens)
+
+    def record_prompt(self, rows: int, seconds: float) -> None:
+        if rows > 0:
+            self.prompt_token = self._mix(self.prompt_token, seconds / rows)
 
     def record_draft_prefill(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -189,20 +194,23 @@ class Controller:
     _idle: int = 0
     _busy: int = 0
 
-    def rate(self, k: int, draft_token: float) -> float | None:
-        t = self.costs.verify_time(k + 1)
+    def rate(self, k: int, draft_token: float, rows: int = 0, tokens: int = 0) -> float | None:
+        """Tokens per second of a pass where this sequence verifies k drafted tokens and the
+        rest of the pass has `rows` rows that yield `tokens` tokens."""
+        t = self.costs.verify_time(rows + k + 1)
         if t is None:
             return None
-        return self.acceptance.expected_tokens(k) / (k * draft_token + t)
+        return (tokens + self.acceptance.expected_tokens(k)) / (k * draft_token + t)
 
-    def choose(self, draft_token: float | None = None) -> int:
-        """draft_token: seconds per drafted token (0 for n-gram); None = the measured one."""
+    def choose(self, draft_token: float | None = None, rows: int = 0, tokens: int = 0) -> int:
+        """draft_token: seconds per drafted token (0 for n-gram); None = the measured one.
+        rows, tokens: the rest of the pass (other sequences, prompt chunks; see `cut`)."""
         d = self.costs.draft_token if draft_token is None else draft_token
         d = d or 0.0
-        plain = self.rate(0, d)
+        plain = self.rate(0, d, rows, tokens)
         if plain is None:
             return self.n_max  # nothing measured yet: speculate, and measure
-        rates = [(self.rate(k, d) or 0.0, k) for k in range(1, self.n_max + 1)]
+        rates = [(self.rate(k, d, rows, tokens) or 0.0, k) for k in range(1, self.n_max + 1)]
         best_rate, best_k = max(rates, default=(0.0, 0))
         if best_rate > plain * (1 + self.margin):
             self._idle = 0
@@ -217,24 +225,32 @@ class Controller:
             return best_k
         return 0
 
-    def cut(self, conf: list[float]) -> int:
+    def cut(self, conf: list[float], rows: int = 0, tokens: int = 0) -> int:
         """How many tokens of a draft already made to verify, from their confidences: the k
         maximizing E[tokens | k] / t_verify(k + 1), each token's acceptance the calibrated
         probability of its confidence (given the tokens before it were accepted). Drafting
         cost is spent already, so only verification counts. 0 when the best k is not
         predicted to beat plain decoding by `margin`; then, every `probe_every` such steps, 1
         if the first token's confidence bin is still unmeasured (fewer than 8 tokens): a probe
-        costs one row and is made only where it can still change the calibration."""
-        t1 = self.costs.verify_time(1)
+        costs one row and is made only where it can still change the calibration.
+
+        In a pass shared with other sequences or prompt chunks (`rows` other rows, yielding
+        `tokens` tokens for the other sequences) the rate is the whole pass's:
+        (tokens + E[tokens | k]) / t_verify(rows + k + 1). A drafted row then pays when its
+        chance of acceptance beats what a row of this pass yields on average: next to a prompt
+        chunk (rows that yield nothing) drafts are cheap; in a pass of many generating
+        sequences that is already compute-bound each row costs about what it yields and k
+        falls to 0."""
+        t1 = self.costs.verify_time(rows + 1)
         if t1 is None or not conf:
             return len(conf)  # nothing measured yet: verify it, and measure
-        plain = 1.0 / t1
+        plain = (tokens + 1.0) / t1
         best_rate, best_k = 0.0, 0
-        expected, p = 1.0, 1.0
+        expected, p = tokens + 1.0, 1.0
         for k, c in enumerate(conf[: self.n_max], start=1):
             p *= self.calibration.p(c)
             expected += p
-            t = self.costs.verify_time(k + 1)
+            t = self.costs.verify_time(rows + k + 1)
             if t is None:
                 break
             if expected / t > best_rate:

@@ -110,10 +110,12 @@ class DraftModelProposer:
             self.model(torch.tensor([part]), self.cache, [self.slot], [start], logits="none")
             self.cache.append(self.slot, part)
 
-    def prepare(self) -> int:
-        """Catch up now on every token not yet seen but the last (which propose feeds, for its
-        logits), in prompt chunks; returns how many were fed."""
+    def prepare(self, limit: int | None = None) -> int:
+        """Catch up now on the tokens not yet seen but the last (which propose feeds, for its
+        logits), in prompt chunks, at most `limit` of them; returns how many were fed."""
         ids = self.tokens[self._seen():-1]
+        if limit is not None:
+            ids = ids[:limit]
         self._fill(ids)
         return len(ids)
 

@@ -47,8 +47,11 @@ class Speculation:
     a prompt into it will pay) and the pool of earlier outputs (`--spec-suffix-pool`)."""
 
     def __init__(self, draft: LoadedModel | None, draft_cache: KVCache | None,
-                 prefill_chunk: int, pool_tokens: int = 0) -> None:
+                 prefill_chunk: int, pool_tokens: int = 0, shared_catch_up: int = 64) -> None:
         self.draft, self.draft_cache, self.prefill_chunk = draft, draft_cache, prefill_chunk
+        # tokens a lazy draft reads per step while other rows share the pass: its catch-up
+        # then spreads over steps instead of stalling every other stream at once
+        self.shared_catch_up = shared_catch_up
         self.costs = CostModel()
         self.draft_history = AcceptanceTracker()
         self.pool = SuffixPool(pool_tokens) if pool_tokens > 0 else None
@@ -119,7 +122,7 @@ class Speculator:
     def proposers(self) -> list[Proposer]:
         return [e.proposer for e in self.entries]
 
-    def draft(self, budget: int, remaining: int) -> Draft:
+    def draft(self, budget: int, remaining: int, batch: tuple[int, int] = (0, 0)) -> Draft:
         """The first useful draft of the proposers in order, at most `budget` tokens.
 
         A free proposer (suffix, n-gram) drafts its most and its controller keeps the prefix
@@ -128,7 +131,10 @@ class Speculator:
         chooses how many to draft first (from measured costs and acceptance), the model stops
         earlier below p_min, and the confidences of what it drafted may cut it further.
         remaining: tokens this sequence may still generate (its budget; with the lengths of
-        earlier answers it says whether a lazy draft model's catch-up on the prompt can pay)."""
+        earlier answers it says whether a lazy draft model's catch-up on the prompt can pay).
+        batch: (rows, tokens) of the rest of the pass this draft joins (other sequences' rows and
+        prompt chunks; the tokens those other sequences are sure to gain), so that a controller
+        weighs its rows by what they cost in this pass, not in a pass of its own."""
         self._by = None
         if budget <= 0:
             return Draft([])
@@ -141,10 +147,11 @@ class Speculator:
                 d = p.propose(budget)
                 self.stats.t_draft += time.perf_counter() - t0
                 if ctl is not None and d.ids:
-                    k = ctl.cut(d.conf) if d.conf is not None else ctl.choose(0.0)
+                    k = (ctl.cut(d.conf, *batch) if d.conf is not None
+                         else ctl.choose(0.0, *batch))
                     d = d.cut(k)
             else:
-                k = budget if ctl is None else min(budget, ctl.choose(None))
+                k = budget if ctl is None else min(budget, ctl.choose(None, *batch))
                 if k <= 0:
                     continue
                 catch_up = p.unseen()
@@ -157,11 +164,13 @@ class Speculator:
                     if not self._catch_up_pays(ctl.n_max, catch_up, expected):
                         continue
                     t0 = time.perf_counter()
-                    fed = p.prepare()
+                    fed = p.prepare(self.shared.shared_catch_up if batch[0] else None)
                     dt = time.perf_counter() - t0
                     self.stats.t_draft += dt
                     costs.record_draft_prefill(fed, dt)
                     catch_up -= fed
+                    if catch_up > 2:  # still reading (a shared pass): draft once caught up
+                        continue
                 t0 = time.perf_counter()
                 d = p.propose(k)
                 dt = time.perf_counter() - t0
@@ -171,7 +180,7 @@ class Speculator:
                 if catch_up <= 2:
                     costs.record_draft(max(len(d.ids), 1), dt)
                 if ctl is not None and d.ids and d.conf is not None:
-                    d = d.cut(ctl.cut(d.conf))
+                    d = d.cut(ctl.cut(d.conf, *batch))
             if d.ids:
                 self._by = e
                 self.covered += p.free

@@ -1,0 +1,196 @@
+"""The scheduler step: prompts read in chunks between the running streams' tokens, under a
+token budget per pass, and every output the same as the request run alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from tandem import kernels
+from tandem.config import EngineConfig, Numerics, SamplingParams, SpecConfig
+from tandem.engine import Engine, Request
+from tandem.models.loader import load_model
+from tandem.speculative.controller import Controller, CostModel
+
+from . import tiny
+
+
+@pytest.fixture(scope="module")
+def native_model(tmp_path_factory):
+    """A tiny qwen2 with Q8_0 weights: every layer through the native kernels (one C call per
+    pass, the path the default models take)."""
+    if not kernels.available():
+        pytest.skip(f"native kernels unavailable: {kernels.unavailable_reason()}")
+    d = tmp_path_factory.mktemp("sched")
+    path = tiny.write_gguf(tiny.hf_model("qwen2", seed=3), d / "t.gguf", "qwen2", qtype=QT.Q8_0)
+    return load_model(path, Numerics(weights="native", activations="int16"), max_len=600)
+
+
+@pytest.fixture(scope="module", params=["native", "pytorch"])
+def target(request, native_model, models):
+    """The same scheduler over both forward paths: the native layers (rows of every slot in
+    one C call) and the PyTorch layers (float32 GGUF: one pass per slot's run of rows)."""
+    return native_model if request.param == "native" else models[0]
+
+
+def _engine(model, n_parallel: int, batch: int, types: str = "none") -> Engine:
+    return Engine(model, None, EngineConfig(ctx_size=512, n_parallel=n_parallel, batch_size=batch),
+                  SpecConfig(types=SpecConfig.parse_types(types)))
+
+
+def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    base = [rng.randrange(vocab - 3) for _ in range(rng.randint(3, 9))]
+    return (base * (n // len(base) + 1))[:n]
+
+
+def test_running_streams_keep_producing_while_a_long_prompt_is_read(target):
+    e = _engine(target, n_parallel=3, batch=8)
+    vocab = target.args.vocab_size
+    rng = random.Random(1)
+    sp = SamplingParams(temperature=0.0, n_predict=200, ignore_eos=True)
+    a = e.add(Request(_prompt(rng, 6, vocab), sp))
+    b = e.add(Request(_prompt(rng, 9, vocab), sp))
+    while a.prefilling or b.prefilling:
+        e.step()
+    long_prompt = _prompt(rng, 300, vocab)
+    c = e.add(Request(long_prompt, SamplingParams(temperature=0.0, n_predict=4)))
+    reading_steps = 0
+    while c.prefilling:
+        before = c.prefill_at
+        e.step()
+        reading_steps += 1
+        # both streams got a token in every pass that read a piece of the new prompt ...
+        assert a.n_new >= 1 and b.n_new >= 1
+        # ... and the pass held at most the budget: their two rows and a prompt chunk
+        assert 1 <= c.prefill_at - before <= 8 - 2
+    assert reading_steps >= 299 // 6
+    assert c.t_prompt_ms > 0 and c.n_prompt_processed == 300
+    while not c.done:
+        e.step()
+    assert len(c.output) == 4
+    alone = _engine(target, n_parallel=1, batch=8).generate(
+        Request(long_prompt, SamplingParams(temperature=0.0, n_predict=4)))
+    assert c.output == alone.output
+
+
+def test_a_prompt_alone_goes_in_large_chunks(target):
+    """With no stream to protect, a prompt is read prefill_chunk tokens per pass."""
+    e = _engine(target, n_parallel=2, batch=4)
+    rng = random.Random(2)
+    seq = e.add(Request(_prompt(rng, 400, target.args.vocab_size),
+                        SamplingParams(temperature=0.0, n_predict=2)))
+    e.step()
+    assert seq.prefill_at == 399  # the whole prompt (all but its last token) in one pass
+
+
+def _run_schedule(model, reqs: list[Request], arrivals: list[int], batch: int,
+                  n_parallel: int, types: str) -> list:
+    """Run the requests, request i added at step arrivals[i] (or as soon as a slot is free)."""
+    e = _engine(model, n_parallel, batch, types)
+    order = sorted(range(len(reqs)), key=lambda i: arrivals[i])
+    seqs: dict[int, object] = {}
+    step = 0
+    while len(seqs) < len(reqs) or any(not s.done for s in seqs.values()):
+        for i in order:
+            if i not in seqs and arrivals[i] <= step and e.free_slot() is not None:
+                r = reqs[i]
+                seqs[i] = e.add(Request(list(r.prompt_ids), r.sampling, n_probs=r.n_probs))
+        e.step()
+        for s in seqs.values():
+            if s.done:
+                e.release(s)
+        step += 1
+        assert step < 5000
+    return [seqs[i] for i in range(len(reqs))]
+
+
+@pytest.mark.parametrize("types", ["none", "suffix"])
+def test_outputs_do_not_depend_on_what_shares_the_pass(native_model, types):
+    """Each request's tokens and log-probabilities, bit for bit, are those of the request run
+    alone, whatever arrives when and whatever the budget: greedy and seeded sampling (without
+    speculation the random draws are one per token, so they line up too)."""
+    model = native_model
+    vocab = model.args.vocab_size
+    rng = random.Random(7)
+    reqs = []
+    for i in range(5):
+        sampled = types == "none" and i % 2 == 1
+        sp = SamplingParams(temperature=0.8 if sampled else 0.0, seed=100 + i,
+                            n_predict=rng.randint(5, 30), ignore_eos=True)
+        reqs.append(Request(_prompt(rng, rng.randint(2, 160), vocab), sp, n_probs=3))
+    alone = _run_schedule(model, reqs, [0] * len(reqs), batch=16, n_parallel=1, types=types)
+    for trial in range(4):
+        arrivals = [rng.randint(0, 40) for _ in reqs]
+        batch = rng.choice([2, 3, 5, 8, 16, 64])
+        got = _run_schedule(model, reqs, arrivals, batch, n_parallel=3, types=types)
+        for want, seq in zip(alone, got):
+            assert seq.output == want.output, (trial, arrivals, batch)
+            assert [(p.id, p.logprob, p.top) for p in seq.logprobs] == \
+                   [(p.id, p.logprob, p.top) for p in want.logprobs], (trial, arrivals, batch)
+
+
+def test_greedy_outputs_match_across_interleavings_on_the_pytorch_path(models):
+    """The PyTorch layers (no native kernels): the same greedy tokens with any interleaving."""
+    model = models[0]
+    rng = random.Random(3)
+    reqs = [Request(_prompt(rng, rng.randint(2, 120), model.args.vocab_size),
+                    SamplingParams(temperature=0.0, n_predict=rng.randint(4, 20), ignore_eos=True))
+            for _ in range(4)]
+    alone = _run_schedule(model, reqs, [0] * 4, batch=16, n_parallel=1, types="suffix")
+    for trial in range(3):
+        arrivals = [rng.randint(0, 20) for _ in reqs]
+        got = _run_schedule(model, reqs, arrivals, rng.choice([3, 8, 32]), 3, "suffix")
+        assert [s.output for s in got] == [s.output for s in alone], (trial, arrivals)
+
+
+def _linear_costs(fixed: float, per_row: float, rows: int = 64) -> CostModel:
+    c = CostModel(alpha=0.0)
+    for r in range(1, rows + 1):  # memory-bound up to 8 rows, then compute-bound
+        c.record_verify(r, max(fixed, per_row * r))
+    return c
+
+
+def test_a_draft_is_cut_by_what_its_rows_cost_in_the_shared_pass():
+    """The controller weighs a draft by the whole pass's tokens per second: next to a prompt
+    chunk (rows that yield no token) drafted rows are cheap, while in a compute-bound pass of
+    generating sequences a row costs about what it yields and k falls to 0."""
+    costs = _linear_costs(0.08, 0.01)
+    conf = [0.7] * 6
+    alone = Controller(costs, n_max=6).cut(conf)
+    assert alone == 6  # up to 8 rows cost as much as one: verify them all
+    # 24 prompt rows in the pass: the pass is compute-bound, and drafted rows still pay
+    assert Controller(costs, n_max=6).cut(conf, rows=24, tokens=0) >= 3
+    # 30 other generating sequences, one row each: a row yields ~1 token; 0.7 does not pay
+    assert Controller(costs, n_max=6).cut(conf, rows=30, tokens=30) == 0
+    assert Controller(costs, n_max=6).choose(0.0, rows=30, tokens=30) == 0
+
+
+def test_a_prompt_chunk_beside_running_streams_takes_twice_their_time(target):
+    """The chunk of a waiting prompt is sized from measured costs: about twice the time the
+    generating rows take by themselves (so their gaps grow at most 3x and the prompt reads at
+    2/3 of its speed alone), within --batch-size."""
+    e = _engine(target, n_parallel=3, batch=512)
+    e.costs.alpha = 0.0  # frozen costs: the passes of this test do not move them
+    for rows in range(1, 40):
+        e.costs.record_verify(rows, 0.05 + 0.01 * rows)
+    e.costs.prompt_token = 0.01
+    rng = random.Random(5)
+    vocab = target.args.vocab_size
+    sp = SamplingParams(temperature=0.0, n_predict=100, ignore_eos=True)
+    streams = [e.add(Request(_prompt(rng, 5, vocab), sp)) for _ in range(2)]
+    while any(s.prefilling for s in streams):
+        e.step()
+    c = e.add(Request(_prompt(rng, 300, vocab), SamplingParams(temperature=0.0, n_predict=2)))
+    e.step()
+    assert c.prefill_at == int(2 * 0.07 / 0.01)  # two generating rows: 70 ms -> 14 prompt rows
+    e.costs.prompt_token = 0.001  # cheaper prompt rows: more of them in the same time ...
+    before = c.prefill_at
+    e.step()
+    assert c.prefill_at - before == 140
+    e.cfg.batch_size = 50  # ... up to what --batch-size leaves beside the generating rows
+    before = c.prefill_at
+    e.step()
+    assert c.prefill_at - before == 48
