@@ -10,6 +10,7 @@ shape. OpenAI's endpoints are in oai.py.
     GET  /metrics           Prometheus text (see metrics.py)
 
 Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint.
+Any origin may call the API (CORS, as llama-server); the API key still applies.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import json
 import logging
 
 from fastapi import FastAPI, Request as HttpRequest
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import SamplingParams
 from .jobs import off_loop, read_body, sse_response, submit, wait_result
 from .prepare import build_request, n_predict_of, prompt_ids
 from .results import generation_settings, spec_settings
@@ -115,6 +116,10 @@ def create_app(state: ServerState) -> FastAPI:
         return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
     app.add_middleware(Guard, state=state)
+    # outermost: browsers on another origin may call the API (preflight OPTIONS answered
+    # here, before the key check), as llama-server allows
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
+                       allow_headers=["*"])
     _llama_routes(app, state)
     app.include_router(oai_router)
     return app
@@ -133,7 +138,8 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         engine, _ = state.ready()
         body: CompletionBody = parse_body(await read_body(http, state), CompletionBody)
         ids = await off_loop(prompt_ids, engine, body.prompt)
-        req = build_request(engine, body, ids, n_predict_of(engine, body.n_predict), body.n_probs)
+        req = build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
+                            state.settings.sampling)
         job = submit(state, req, body.stream)
         if body.stream:
             return await sse_response(http, state, job, _completion_chunks(state))
@@ -169,7 +175,8 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         return {
             "default_generation_settings": {
                 "id": 0, "n_ctx": engine.cfg.ctx_size,
-                "params": generation_settings(SamplingParams(), engine.spec, engine.cfg.ctx_size),
+                "params": generation_settings(state.settings.sampling, engine.spec,
+                                              engine.cfg.ctx_size),
             },
             "total_slots": engine.cfg.n_parallel,
             "model_path": state.model_path,
@@ -184,6 +191,8 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/slots")
     async def slots():
+        if not state.settings.slots_endpoint:
+            raise ApiError(501, "this server was started with --no-slots: GET /slots is off")
         _, worker = state.ready()
         return worker.slots()
 

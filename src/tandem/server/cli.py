@@ -12,6 +12,7 @@ its compatibility verdict, the memory plan, and whether speculation is on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ import threading
 import time
 
 from .. import flags
+from ..config import SamplingParams
 from ..errors import TandemError
 
 log = logging.getLogger("tandem.server")
@@ -41,6 +43,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: 4 x --parallel)")
     g.add_argument("--no-warmup", action="store_true",
                    help="skip the short warm-up generation after loading")
+    g.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,
+                   help="serve GET /slots (the default)")
+    g.add_argument("--no-slots", dest="slots_endpoint", action="store_false",
+                   help="turn GET /slots off")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=None,
+                   help="llama-server's physical batch: Tandem's passes have one size, so the "
+                        "smaller of --batch-size and this is the most rows a pass carries")
+    g.add_argument("-fa", "--flash-attn", nargs="?", const="on", default=None,
+                   choices=("on", "off", "auto"),
+                   help="accepted for llama-server command lines; Tandem's attention is its own "
+                        "exact kernel either way (said once in the log)")
+    g.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+                   help="render chats with the model's Jinja template (always on in Tandem)")
+    g.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="accepted; Tandem always renders the model's Jinja template (logged)")
+    g.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                   default=False, help="stop when a slot's context is full (Tandem's behaviour)")
+    g.add_argument("--context-shift", dest="context_shift", action="store_true",
+                   help="not supported: Tandem stops a generation when its context is full")
+    g.add_argument("-v", "--verbose", action="store_true", help="log more (debug)")
+    g = p.add_argument_group("default sampling (each request's, where it sends none)")
+    flags.add_config_args(g, SamplingParams)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,9 +139,25 @@ def _settings(a: argparse.Namespace):
     queue = 4 * a.n_parallel if a.queue_size is None else a.queue_size
     if queue < 0:
         raise TandemError(f"--queue-size must be >= 0, got {queue}")
+    if a.ubatch_size is not None:
+        if a.ubatch_size < 2:
+            raise TandemError(f"--ubatch-size must be >= 2, got {a.ubatch_size}")
+        engine = dataclasses.replace(engine, batch_size=min(engine.batch_size, a.ubatch_size))
+    if a.context_shift:
+        raise TandemError("--context-shift is not supported: Tandem stops a generation when "
+                          "its slot's context is full (drop the flag, or raise --ctx-size)")
+    if a.flash_attn is not None:
+        log.info("--flash-attn %s: no effect; Tandem's attention is its own exact kernel",
+                 a.flash_attn)
+    if not a.jinja:
+        log.info("--no-jinja: no effect; Tandem always renders the model's Jinja template")
+    if a.verbose:
+        log.setLevel(logging.DEBUG)
+    sampling = flags.config_of(SamplingParams, a)
     return ServerSettings(model=a.model, model_draft=a.model_draft, engine=engine, spec=spec,
                           warmup=not a.no_warmup, alias=a.alias, api_key=a.api_key,
-                          timeout=a.timeout, max_queue=queue)
+                          timeout=a.timeout, max_queue=queue, sampling=sampling,
+                          slots_endpoint=a.slots_endpoint)
 
 
 def _check_exists(flag: str, name: str | None) -> None:

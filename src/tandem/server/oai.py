@@ -46,8 +46,8 @@ async def completions(http: HttpRequest):
     body: OaiCompletionBody = parse_body(await read_body(http, state), OaiCompletionBody)
     ids = await off_loop(prompt_ids, engine, body.prompt)
     n_probs = body.logprobs or 0
-    req = build_request(engine, body, ids, n_predict_of(engine, body.max_tokens, body.n_predict),
-                        n_probs)
+    req = build_request(engine, body, ids, n_predict_of(body.max_tokens, body.n_predict),
+                        n_probs, state.settings.sampling)
     job = submit(state, req, body.stream)
     meta = _meta(state, "cmpl", "text_completion")
     if body.stream:
@@ -66,8 +66,9 @@ async def chat_completions(http: HttpRequest):
     body: ChatBody = parse_body(await read_body(http, state), ChatBody)
     ids = await off_loop(chat_ids, engine, body)
     n_probs = (body.top_logprobs or 1) if body.logprobs else 0
-    n_predict = n_predict_of(engine, body.max_completion_tokens, body.max_tokens, body.n_predict)
-    job = submit(state, build_request(engine, body, ids, n_predict, n_probs), body.stream)
+    n_predict = n_predict_of(body.max_completion_tokens, body.max_tokens, body.n_predict)
+    job = submit(state, build_request(engine, body, ids, n_predict, n_probs,
+                                      state.settings.sampling), body.stream)
     meta = _meta(state, "chatcmpl", "chat.completion")
     if body.stream:
         meta["object"] = "chat.completion.chunk"

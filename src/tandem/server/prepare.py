@@ -1,8 +1,8 @@
 """Turning a validated request body into the engine's Request (tokens, sampling, speculation).
 
-The checks that need the loaded model live here: the prompt must fit the context, token ids
-must be in the vocabulary, n_predict must fit the context, and a per-request spec type must be
-one the loaded models can serve.
+The checks that need the loaded model live here: the prompt must fit the context (else
+llama-server's exceed_context_size_error, with n_prompt_tokens and n_ctx), token ids must be in
+the vocabulary, and a per-request spec type must be one the loaded models can serve.
 """
 
 from __future__ import annotations
@@ -17,21 +17,27 @@ if TYPE_CHECKING:
     from ..engine import Engine, Request
 
 
-def n_predict_of(engine: Engine, *candidates: int | None) -> int:
-    """The first given limit (-1 = until EOS or the context is full), checked against ctx."""
-    n = next((c for c in candidates if c is not None), -1)
-    ctx = engine.cfg.ctx_size
-    if n > ctx:
-        raise ApiError(400, f"n_predict {n} is larger than the context ({ctx} tokens per slot); "
-                            "ask for at most that many, or -1 for until EOS/context full")
-    return n
+def n_predict_of(*candidates: int | None) -> int | None:
+    """The first given limit (-1 = until EOS or the context is full), None when the request
+    gives none (the server's -n then). A limit beyond the context is accepted, as llama-server
+    does: generation stops when the context is full."""
+    return next((c for c in candidates if c is not None), None)
 
 
-def sampling_of(body: SamplingFields, n_predict: int) -> SamplingParams:
+def sampling_of(body: SamplingFields, n_predict: int | None,
+                defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling: each field it sends, else the server's flag (its default)."""
+    sent = body.model_fields_set
+
+    def pick(name: str):
+        return getattr(body, name) if name in sent else getattr(defaults, name)
+
+    stop = body.stop_list() if "stop" in sent else list(defaults.stop)
     try:
-        return SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                              min_p=body.min_p, seed=body.seed, n_predict=n_predict,
-                              stop=body.stop_list(), ignore_eos=body.ignore_eos)
+        return SamplingParams(temperature=pick("temperature"), top_k=pick("top_k"),
+                              top_p=pick("top_p"), min_p=pick("min_p"), seed=pick("seed"),
+                              n_predict=defaults.n_predict if n_predict is None else n_predict,
+                              stop=stop, ignore_eos=pick("ignore_eos"))
     except TandemError as e:
         raise ApiError(400, str(e)) from None
 
@@ -89,14 +95,15 @@ def check_prompt(engine: Engine, ids: list[int]) -> None:
     if len(ids) >= ctx:
         raise ApiError(400, f"the prompt has {len(ids)} tokens but the context holds {ctx} "
                             "per slot; shorten the prompt or start the server with a larger "
-                            "--ctx-size")
+                            "--ctx-size", "exceed_context_size_error",
+                       n_prompt_tokens=len(ids), n_ctx=ctx)
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})")
 
 
-def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predict: int,
-                  n_probs: int = 0) -> Request:
+def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predict: int | None,
+                  n_probs: int = 0, defaults: SamplingParams | None = None) -> Request:
     from ..engine import Request
 
     check_prompt(engine, ids)
@@ -104,5 +111,6 @@ def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predic
     if body.id_slot >= n_slots:
         raise ApiError(400, f"id_slot {body.id_slot} does not exist; this server has {n_slots} "
                             f"slot(s): 0..{n_slots - 1}, or -1 for any")
-    return Request(ids, sampling_of(body, n_predict), spec_of(body, engine),
+    defaults = SamplingParams() if defaults is None else defaults
+    return Request(ids, sampling_of(body, n_predict, defaults), spec_of(body, engine),
                    cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs)

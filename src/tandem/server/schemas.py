@@ -27,14 +27,17 @@ ERROR_TYPES = {
 class ApiError(Exception):
     """An error answered as {"error": {"message", "type", "code"}} with HTTP status `status`."""
 
-    def __init__(self, status: int, message: str, type_: str | None = None) -> None:
+    def __init__(self, status: int, message: str, type_: str | None = None,
+                 **extra: object) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_ or ERROR_TYPES.get(status, "server_error")
+        self.extra = extra  # more fields of the error object (llama-server's, e.g. n_ctx)
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.status}}
+        return {"error": {"message": self.message, "type": self.type, "code": self.status,
+                          **self.extra}}
 
 
 class _Body(BaseModel):
@@ -62,6 +65,7 @@ class SamplingFields(_Body):
     @classmethod
     def _gather_speculative(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            refuse_unsupported(data)
             spec = {k: v for k, v in data.items() if k.startswith("speculative.")}
             if spec:
                 data = {k: v for k, v in data.items() if k not in spec} | {"speculative": spec}
@@ -72,11 +76,41 @@ class SamplingFields(_Body):
         return [s for s in stops if s]
 
 
+# fields llama-server honours and Tandem does not yet: answering them with unconstrained text
+# would be a silent lie, so a request that uses one is refused with the field's name
+_CONSTRAINED = "constrained output (grammars, JSON schemas, tools) is not implemented yet"
+UNSUPPORTED = {
+    "grammar": _CONSTRAINED,
+    "json_schema": _CONSTRAINED,
+    "tools": _CONSTRAINED,
+    "logit_bias": "logit biases are not implemented yet",
+}
+
+
+def refuse_unsupported(data: dict) -> None:
+    """A 400 naming the first field in use that Tandem cannot honour (empty values pass, as do
+    `response_format` {"type": "text"} and `tool_choice` "none")."""
+    for name, why in UNSUPPORTED.items():
+        if data.get(name) not in (None, "", [], {}):
+            raise ApiError(400, f"invalid request: {name}: {why}; the answer would not follow "
+                                "it, so the request is refused (drop the field)")
+    fmt = data.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind in ("json_object", "json_schema"):
+            raise ApiError(400, f"invalid request: response_format: type {kind!r}: "
+                                f"{_CONSTRAINED}; drop the field for plain text")
+        if kind != "text":
+            raise ApiError(400, "invalid request: response_format: expected an object with "
+                                "type 'text', 'json_object' or 'json_schema', got "
+                                f"{json.dumps(fmt)[:80]}")
+
+
 class CompletionBody(SamplingFields):
     """POST /completion (llama.cpp)."""
 
     prompt: str | list[int | str]
-    n_predict: int = Field(-1, ge=-1)
+    n_predict: int | None = Field(None, ge=-1)  # None: the server's -n (default -1)
     n_probs: int = Field(0, ge=0, le=100)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig, SamplingParams, SpecConfig
 from .metrics import Metrics
 from .schemas import ApiError
 
@@ -26,6 +26,10 @@ class ServerSettings:
     timeout: float = 600.0  # seconds a request may take, queue + generation (and body read)
     max_queue: int = 4  # requests waiting for a slot beyond which the server answers 503
     max_body_bytes: int = MAX_BODY_BYTES
+    # the server's sampling flags (--temp, --top-k, --top-p, --min-p, --seed, -n, --stop,
+    # --ignore-eos): every request's defaults for the fields it does not send
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    slots_endpoint: bool = True  # --no-slots turns GET /slots off, as llama-server
 
 
 @dataclass(slots=True)
