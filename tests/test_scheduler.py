@@ -194,3 +194,14 @@ def test_a_prompt_chunk_beside_running_streams_takes_twice_their_time(target):
     before = c.prefill_at
     e.step()
     assert c.prefill_at - before == 48
+
+
+def test_without_measured_costs_a_chunk_is_the_smallest_that_reads_at_speed(target):
+    e = _engine(target, n_parallel=1, batch=512)  # one slot, no speculation: nothing timed
+    assert not e.costs.verify and e.costs.prompt_token is None
+    assert e._prompt_share(2, 500) == max(1, target.model.full_speed_rows - 2)
+    # several slots: the first request times the passes the scheduler needs, even without
+    # speculation (one row per slot, and a prompt chunk)
+    e = _engine(target, n_parallel=3, batch=512)
+    e.add(Request([5, 6, 7], SamplingParams(temperature=0.0, n_predict=2)))
+    assert {1, 2, 3} <= set(e.costs.verify) and e.costs.prompt_token > 0

@@ -383,9 +383,19 @@ def test_chat_stream_ends_with_done(srv):
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,
         **GREEDY})
     assert events[-1] == "[DONE]"
-    last = events[-2]
-    assert last["object"] == "chat.completion.chunk"
+    first, finish, last = events[0], events[-3], events[-2]
+    # as llama-server: the role first (content null), the finish reason with an empty delta,
+    # then usage and timings in a chunk of their own with no choices
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert finish["choices"][0]["finish_reason"] == "length" and finish["choices"][0]["delta"] == {}
+    assert "usage" not in finish
+    assert last["object"] == "chat.completion.chunk" and last["choices"] == []
     assert last["usage"]["completion_tokens"] == 4 and "draft_n" in last["timings"]
+    assert all(e["system_fingerprint"].startswith("tandem-") for e in events[:-1])
+    quiet = stream_events(srv, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,
+        "stream_options": {"include_usage": False}, **GREEDY})
+    assert quiet[-1] == "[DONE]" and not any("usage" in e for e in quiet[:-1])
 
 
 # -- slots working together ------------------------------------------------------------------

@@ -160,6 +160,7 @@ class Engine:
         if draft is not None:
             self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
+        self._calibrated = False
         # what every sequence's speculation shares: pass costs, the draft model, the pool
         self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
                                        spec.suffix_pool, shared_catch_up=4 * cfg.batch_size)
@@ -218,7 +219,9 @@ class Engine:
             seq.n_prompt_processed = len(ids) - keep
             seq.speculator = self.speculation.start(spec, slot, req.sampling, gen, list(ids),
                                                     seq.stats)
-            if spec.adaptive and len(self.costs.verify) < 2:
+            # the controllers (auto) and the scheduler (several slots) need pass costs
+            if (not self._calibrated and len(self.costs.verify) < 2
+                    and (spec.adaptive or self.cfg.n_parallel > 1)):
                 self.calibrate(slot)  # in the free area after what the slot keeps
         except BaseException:
             self.slots[slot] = None
@@ -232,15 +235,18 @@ class Engine:
         seq.t_gen_start = time.perf_counter()
 
     def calibrate(self, slot: int) -> None:
-        """Time target passes of up to max_k+1 rows (and a draft step) in a free cache area after
-        the slot's own tokens, so the controller has costs before its first choice. Two rounds
+        """Time target passes of up to max_k+1 rows (at least one per slot), a prompt chunk and a
+        draft step in a free cache area after the slot's own tokens, so the controllers and the
+        scheduler have costs before their first choice. Two rounds
         over every row count, keeping each one's faster time: a slow spell of this shared
         machine during one pass would otherwise bend the cost curve the controller starts
         from."""
         base = self.cache.length(slot)
-        n = min(self.max_k, self.spec.max_k) + 1
+        # a verification pass, or one row for every slot generating at once
+        n = max(min(self.max_k, self.spec.max_k) + 1, self.cfg.n_parallel)
         if base + n + 1 >= self.cache.max_len:
             return
+        self._calibrated = True
         best: dict[int, float] = {}
         # every row count up to 9, then every fourth (costs in between are interpolated)
         counts = sorted({*range(1, min(n, 9) + 1), *range(13, n, 4), n})
@@ -395,13 +401,14 @@ class Engine:
         much in a shared pass as alone, so no split does better on both; and a drafted row in
         such a pass would lengthen it without reading the prompt, so the generating rows carry
         no draft until the prompt is read. A pass holds at least the model's full-speed rows
-        (the prompt kernel's 16): with fewer, every row costs more. Unmeasured: `room`."""
+        (the prompt kernel's 16): with fewer, every row costs more. Unmeasured costs: that
+        floor alone."""
         room = max(1, room)
+        floor = self.target.model.full_speed_rows - rows
         t_gen, t_row = self.costs.verify_time(rows), self.costs.prompt_token
-        if t_gen is None or not t_row:
-            return room
-        share = max(int(PROMPT_SHARE * t_gen / t_row), self.target.model.full_speed_rows - rows)
-        return max(1, min(room, share))
+        if t_gen is None or not t_row:  # unmeasured: the smallest chunk that reads at speed
+            return max(1, min(room, floor))
+        return max(1, min(room, max(int(PROMPT_SHARE * t_gen / t_row), floor)))
 
     def _append(self, seq: Sequence, new: list[int], n_from_draft: int) -> None:
         sp = seq.req.sampling

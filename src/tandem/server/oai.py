@@ -12,6 +12,7 @@ import uuid
 
 from fastapi import APIRouter, Request as HttpRequest
 
+from .. import __version__
 from .jobs import off_loop, read_body, sse_response, submit, wait_result
 from .prepare import build_request, chat_ids, n_predict_of, prompt_ids
 from .results import probabilities
@@ -91,7 +92,7 @@ def usage(result: dict) -> dict:
 
 def _meta(state: ServerState, prefix: str, obj: str) -> dict:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
-            "model": state.model_name}
+            "model": state.model_name, "system_fingerprint": f"tandem-{__version__}"}
 
 
 def _text_chunks(state: ServerState, meta: dict, n_probs: int):
@@ -117,14 +118,19 @@ def _text_chunks(state: ServerState, meta: dict, n_probs: int):
 
 
 def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
+    """OpenAI's chat stream as llama-server sends it: a first chunk naming the role (content
+    null), a chunk per piece of text, the finish-reason chunk (empty delta), then, unless
+    stream_options.include_usage is false, a chunk with no choices carrying usage and
+    timings, and [DONE]."""
     started = False
+    include_usage = (body.stream_options or {}).get("include_usage", True) is not False
 
     def render(event: Delta | Done) -> list[dict | str]:
         nonlocal started
         out: list[dict | str] = []
         if not started:  # OpenAI's first chunk names the role
             started = True
-            out.append(_chat_chunk(meta, {"role": "assistant", "content": ""}))
+            out.append(_chat_chunk(meta, {"role": "assistant", "content": None}))
         if isinstance(event, Delta):
             if event.text or body.logprobs and event.logprobs:
                 lp = None
@@ -134,8 +140,9 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
                 out.append(_chat_chunk(meta, {"content": event.text}, logprobs=lp))
             return out
         r = event.result
-        out.append({**_chat_chunk(meta, {}, finish_reason(r)), "usage": usage(r),
-                    "timings": r["timings"]})
+        out.append(_chat_chunk(meta, {}, finish_reason(r)))
+        if include_usage:
+            out.append({**meta, "choices": [], "usage": usage(r), "timings": r["timings"]})
         out.append("[DONE]")
         return out
 
