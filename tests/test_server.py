@@ -363,11 +363,13 @@ def test_openai_client_chat_and_completions(srv):
     assert chat.usage.prompt_tokens == n_prompt
     pieces = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
                                             stream=True, **greedy)
-    chunks = list(pieces)
+    everything = list(pieces)
+    chunks = [c for c in everything if c.choices]  # the last one carries only the usage
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
         chat.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
+    assert everything[-1].usage.completion_tokens == 10
 
     text = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, **greedy)
     assert text.choices[0].text == complete(srv, PROMPTS[0], n=12)["content"]
