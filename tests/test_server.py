@@ -136,8 +136,9 @@ def get(server: Server, path: str) -> httpx.Response:
 
 
 def complete(server: Server, prompt, n: int = 16, **extra) -> dict:
+    """A greedy /completion, its token ids asked for (return_tokens)."""
     r = post(server, "/completion", {"prompt": prompt, "n_predict": n, "cache_prompt": False,
-                                     **GREEDY, **extra})
+                                     "return_tokens": True, **GREEDY, **extra})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -303,7 +304,8 @@ def test_speculation_does_not_change_greedy_output(srv):
 def test_stream_reassembles_to_the_plain_answer(srv):
     plain = complete(srv, PROMPTS[2], n=20)
     events = stream_events(srv, "/completion", {"prompt": PROMPTS[2], "n_predict": 20,
-                                                "cache_prompt": False, "stream": True, **GREEDY})
+                                                "cache_prompt": False, "stream": True,
+                                                "return_tokens": True, **GREEDY})
     chunks, final = events[:-1], events[-1]
     assert len(chunks) >= 2 and all(c["stop"] is False for c in chunks)
     assert "".join(c["content"] for c in chunks) + final["content"] == plain["content"]
@@ -323,6 +325,19 @@ def test_stop_string_cuts_the_answer_streamed_or_not(srv):
     events = stream_events(srv, "/completion", {"prompt": PROMPTS[3], "n_predict": 24,
                                                 "stop": [stop], "stream": True, **GREEDY})
     assert "".join(e["content"] for e in events) == cut
+
+
+def test_completion_fields_as_llama_server(srv):
+    """Token ids only when asked for (return_tokens), the prompt as text, has_new_line."""
+    r = post(srv, "/completion", {"prompt": "def add(a, b):", "n_predict": 12, **GREEDY})
+    body = r.json()
+    assert r.status_code == 200 and body["tokens"] == [] and body["index"] == 0
+    assert body["prompt"] == "def add(a, b):"
+    assert body["has_new_line"] == ("\n" in body["content"])
+    assert complete(srv, "def add(a, b):", n=12)["tokens"]  # with return_tokens
+    events = stream_events(srv, "/completion", {"prompt": "def add(a, b):", "n_predict": 6,
+                                                "stream": True, **GREEDY})
+    assert all(e["tokens"] == [] for e in events)
 
 
 def test_token_prompt_and_n_probs(srv):

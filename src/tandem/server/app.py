@@ -142,9 +142,14 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
                             state.settings.sampling)
         job = submit(state, req, body.stream)
         if body.stream:
-            return await sse_response(http, state, job, _completion_chunks(state))
+            return await sse_response(http, state, job,
+                                      _completion_chunks(state, body.return_tokens))
         result = await wait_result(http, state, job)
-        return {**result, "model": state.model_name}
+        # llama-server's fields: the ids only when asked for (return_tokens), the prompt as
+        # text, whether the answer has a new line
+        return {"index": 0, **result, "model": state.model_name,
+                "tokens": result["tokens"] if body.return_tokens else [],
+                "prompt": engine.tok.decode(ids), "has_new_line": "\n" in result["content"]}
 
     @app.post("/tokenize")
     async def tokenize(http: HttpRequest):
@@ -201,13 +206,15 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _completion_chunks(state: ServerState):
-    """llama-server's /completion stream: a chunk per step, then the full result with
-    stop: true. `from_draft` says, per token, whether it was an accepted draft token."""
+def _completion_chunks(state: ServerState, return_tokens: bool):
+    """llama-server's /completion stream: a chunk per step (its token ids only with
+    return_tokens), then the full result with stop: true. `from_draft` says, per token,
+    whether it was an accepted draft token."""
 
     def render(event: Delta | Done) -> list[dict]:
         if isinstance(event, Delta):
-            chunk = {"content": event.text, "tokens": event.tokens, "stop": False,
+            chunk = {"index": 0, "content": event.text,
+                     "tokens": event.tokens if return_tokens else [], "stop": False,
                      "from_draft": event.from_draft}
             if event.logprobs:
                 from .results import probabilities
@@ -215,7 +222,8 @@ def _completion_chunks(state: ServerState):
                 chunk["completion_probabilities"] = probabilities(state.engine, event.logprobs)
             return [chunk]
         # the text went out in the chunks; the final one carries the stats, as llama-server's
-        final = {**event.result, "content": "", "tokens": [], "model": state.model_name}
+        final = {"index": 0, **event.result, "content": "", "tokens": [],
+                 "model": state.model_name}
         final.pop("completion_probabilities", None)  # each chunk carried its own
         return [final]
 

@@ -112,6 +112,7 @@ class CompletionBody(SamplingFields):
     prompt: str | list[int | str]
     n_predict: int | None = Field(None, ge=-1)  # None: the server's -n (default -1)
     n_probs: int = Field(0, ge=0, le=100)
+    return_tokens: bool = False  # the answer's token ids in "tokens" (else [])
 
 
 class OaiCompletionBody(SamplingFields):
