@@ -395,6 +395,18 @@ def test_openai_client_chat_and_completions(srv):
     assert [m.id for m in client.models.list()] == ["tiny"]
 
 
+def test_apply_template_gives_the_chat_prompt(srv):
+    """POST /apply-template renders the messages as the chat endpoint would prompt the model."""
+    messages = [{"role": "user", "content": "hi"}]
+    r = post(srv, "/apply-template", {"messages": messages})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"}
+    chat = post(srv, "/v1/chat/completions", {"messages": messages, "max_tokens": 1, **GREEDY})
+    ids = post(srv, "/tokenize", {"content": r.json()["prompt"]}).json()["tokens"]
+    assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+    assert post(srv, "/apply-template", {"messages": []}).status_code == 400
+
+
 def test_chat_stream_ends_with_done(srv):
     events = stream_events(srv, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,

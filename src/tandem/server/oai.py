@@ -1,8 +1,10 @@
-"""OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models.
+"""OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models, and
+llama-server's /apply-template (a chat's messages rendered as the prompt).
 
 Each answer also carries llama-server's `timings` (with draft_n / draft_n_accepted when
-speculating). Streams are OpenAI's SSE chunks ending with `data: [DONE]`; the last chunk before
-it has the finish_reason and the `usage`.
+speculating). Streams are OpenAI's SSE chunks ending with `data: [DONE]`; in a chat stream the
+finish reason comes with an empty delta, then usage and timings in a chunk of their own with no
+choices (unless stream_options.include_usage is false), as llama-server sends them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi import APIRouter, Request as HttpRequest
 
 from .. import __version__
 from .jobs import off_loop, read_body, sse_response, submit, wait_result
-from .prepare import build_request, chat_ids, n_predict_of, prompt_ids
+from .prepare import build_request, chat_ids, chat_text, n_predict_of, prompt_ids
 from .results import probabilities
 from .schemas import ChatBody, OaiCompletionBody, parse_body
 from .state import ServerState
@@ -57,6 +59,16 @@ async def completions(http: HttpRequest):
     choice = {"index": 0, "text": r["content"], "finish_reason": finish_reason(r),
               "logprobs": _legacy(r.get("completion_probabilities", [])) if n_probs else None}
     return {**meta, "choices": [choice], "usage": usage(r), "timings": r["timings"]}
+
+
+@router.post("/apply-template")
+async def apply_template(http: HttpRequest):
+    """llama-server's POST /apply-template: a chat request's messages rendered by the model's
+    template, as the prompt the chat endpoint would generate from ({"prompt": text})."""
+    state = _state(http)
+    engine, _ = state.ready()
+    body: ChatBody = parse_body(await read_body(http, state), ChatBody)
+    return {"prompt": await off_loop(chat_text, engine, body)}
 
 
 @router.post("/v1/chat/completions")

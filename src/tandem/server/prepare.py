@@ -78,12 +78,17 @@ def prompt_ids(engine: Engine, prompt: str | list) -> list[int]:
     return ids
 
 
-def chat_ids(engine: Engine, body: ChatBody) -> list[int]:
+def chat_text(engine: Engine, body: ChatBody) -> str:
+    """The messages rendered by the model's chat template, the assistant's turn opened."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     try:
-        text = engine.tok.apply_chat_template(messages, add_generation_prompt=True)
+        return engine.tok.apply_chat_template(messages, add_generation_prompt=True)
     except TandemError as e:
         raise ApiError(400, f"messages: {e}") from None
+
+
+def chat_ids(engine: Engine, body: ChatBody) -> list[int]:
+    text = chat_text(engine, body)
     ids = engine.tok.encode(text, add_special=False, parse_special=True)
     if not ids:
         raise ApiError(400, "the chat template produced an empty prompt")
