@@ -396,9 +396,9 @@ def test_load_mode_measures_every_server_at_every_concurrency_level(models, tmp_
     assert bench.run(bench_args(*args)) == 0
     captured = capsys.readouterr()
     commands = (out / "command.txt").read_text(encoding="utf-8")
-    # every server got two slots (llama-server: its context shared by them, so twice as large)
+    # every server got two slots sharing the same total context (llama-server's meaning)
     assert commands.count("--parallel 2") == 4
-    assert "--ctx-size 512 --parallel 2" in commands
+    assert commands.count("--ctx-size 256 --parallel 2") == 4
     # each level: one streamed client run per server, in turns that flip from level to level
     runs = re.findall(r"# (\S+): client, pass 1, concurrency (\d)", commands)
     names = ["baseline", "candidate", "llama-none", "llama-ngram"]

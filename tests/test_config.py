@@ -66,12 +66,15 @@ def test_flags_come_from_the_configs_and_go_back_out_unchanged():
     a = _parser().parse_args(argv)
     spec, cfg, sampling = flags.spec_config(a), flags.engine_config(a), flags.sampling_params(a)
     assert (spec.n_max, spec.ngram_max, spec.types) == (6, 5, ["ngram-simple", "draft-simple"])
-    assert (cfg.ctx_size, cfg.n_parallel, cfg.n_threads, cfg.weights) == (2048, 3, 2, "int4")
+    # --ctx-size is the total over the slots, as llama-server's: 2048 // 3 each
+    assert (cfg.ctx_size, cfg.n_parallel, cfg.n_threads, cfg.weights) == (682, 3, 2, "int4")
     assert (sampling.temperature, sampling.stop, sampling.ignore_eos) == (0.0, ["a", "b"], True)
     again = _parser().parse_args(flags.to_argv(a, flags.add_model_args, flags.add_spec_args,
                                                flags.add_sampling_args))
     assert flags.spec_config(again) == spec and flags.sampling_params(again) == sampling
-    assert dataclasses.replace(flags.engine_config(again), n_parallel=3) == cfg
+    # (to_argv writes the model flags without -np; --ctx-size goes out as the total given)
+    assert again.ctx_size == 2048
+    assert dataclasses.replace(flags.engine_config(again), n_parallel=3, ctx_size=682) == cfg
     # every flagged field of every config is on the command line, with its default
     defaults = _parser().parse_args([])
     for cls, prefix in ((SpecConfig, flags.SPEC_PREFIX), (EngineConfig, ""), (SamplingParams, "")):

@@ -253,3 +253,25 @@ def test_auto_reads_the_prompt_into_the_draft_only_when_it_pays(models):
     assert seq.output == want
     assert e.draft_cache.length(seq.slot) >= len(ids) - 1
     assert seq.stats.n_drafted > 0
+
+
+def test_ignore_eos_masks_every_end_of_generation_token(models, monkeypatch):
+    """As llama-server (a -inf logit bias on each EOG id): a request that ignores EOS never
+    gets one, even where the model puts nearly all its mass on it; without it, EOS ends."""
+    e = engine(models, "none")
+    eog = sorted(models[0].tokenizer.eog_ids)
+    model = e.target.model
+    real = model.forward_packed
+
+    def eos_loving(*args, **kw):
+        out = real(*args, **kw)
+        if out is not None:
+            out = out.clone()
+            out[:, eog[0]] += 1e4
+        return out
+
+    monkeypatch.setattr(model, "forward_packed", eos_loving)
+    kept = e.generate(Request([5, 6, 7], SamplingParams(n_predict=6, ignore_eos=True, **GREEDY)))
+    assert len(kept.output) == 6 and not set(kept.output) & set(eog)
+    ended = e.generate(Request([5, 6, 7], SamplingParams(n_predict=6, **GREEDY)))
+    assert ended.output == [eog[0]] and ended.stop_type == "eos"

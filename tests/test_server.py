@@ -96,12 +96,14 @@ def servers(tmp_path_factory):
     model = tiny.hf_model("qwen2", seed=0)
     target = tiny.write_gguf(model, d / "target.gguf", "qwen2")
     draft = tiny.write_gguf(model, d / "draft.gguf", "qwen2")
-    a = Server(["--model", str(target), "--model-draft", str(draft), "--ctx-size", "256",
+    a = Server(["--model", str(target), "--model-draft", str(draft), "--ctx-size", "512",
                 "--parallel", "2", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
-                "--spec-draft-p-min", "0", "--api-key", KEY, "--alias", "tiny", "-t", "1"],
+                "--spec-draft-p-min", "0", "--api-key", KEY, "--alias", "tiny", "-t", "1",
+                "--metrics"],
                d / "a.log")
     b = Server(["--model", str(target), "--ctx-size", "8192", "--parallel", "1",
-                "--spec-type", "ngram-simple", "--queue-size", "1", "--timeout", "4", "-t", "1"],
+                "--spec-type", "ngram-simple", "--queue-size", "1", "--timeout", "4", "-t", "1",
+                "--metrics"],
                d / "b.log")
     started = [a, b]
     try:
@@ -158,13 +160,22 @@ def stream_events(server: Server, path: str, body: dict) -> list:
 
 
 def metrics(server: Server) -> dict[str, float]:
+    """GET /metrics read by prometheus_client's own parser (so the text is valid Prometheus),
+    with llama-server's names: a TYPE line for every series, counters named with _total."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     r = get(server, "/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
+    assert int(r.headers["process-start-time-unix"]) > 0
+    list(text_string_to_metric_families(r.text))  # raises on text Prometheus cannot read
+    types = dict(line.split(" ")[2:4] for line in r.text.splitlines()
+                 if line.startswith("# TYPE "))
     values = {}
     for line in r.text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
+            assert name.split("{")[0] in types, f"{name} has no TYPE line of its own"
             values[name] = float(value)
     return values
 
@@ -420,7 +431,7 @@ def test_chat_stream_ends_with_done(srv):
     assert "usage" not in finish
     assert last["object"] == "chat.completion.chunk" and last["choices"] == []
     assert last["usage"]["completion_tokens"] == 4 and "draft_n" in last["timings"]
-    assert all(e["system_fingerprint"].startswith("tandem-") for e in events[:-1])
+    assert all(re.fullmatch(r"b.+-tandem", e["system_fingerprint"]) for e in events[:-1])
     quiet = stream_events(srv, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,
         "stream_options": {"include_usage": False}, **GREEDY})
@@ -444,22 +455,22 @@ def test_two_slots_six_requests_match_sequential_runs(srv):
         return b.get(name, 0.0) - a.get(name, 0.0)
 
     for results, a, b in ((alone, before, middle), (together, middle, after)):
-        assert delta("tandem:tokens_predicted_total", a, b) == \
+        assert delta("llamacpp:tokens_predicted_total", a, b) == \
             sum(r["tokens_predicted"] for r in results)
-        assert delta("tandem:prompt_tokens_total", a, b) == \
+        assert delta("llamacpp:prompt_tokens_total", a, b) == \
             sum(r["timings"]["prompt_n"] for r in results)
-        assert delta("tandem:spec_decode_num_draft_tokens_total", a, b) == \
+        assert delta("llamacpp:spec_decode_num_draft_tokens_total", a, b) == \
             sum(r["timings"]["draft_n"] for r in results)
-        assert delta("tandem:spec_decode_num_accepted_tokens_total", a, b) == \
+        assert delta("llamacpp:spec_decode_num_accepted_tokens_total", a, b) == \
             sum(r["timings"]["draft_n_accepted"] for r in results)
-        assert delta("tandem:spec_decode_num_drafts_total", a, b) == \
+        assert delta("llamacpp:spec_decode_num_drafts_total", a, b) == \
             sum(r["speculative"]["n_drafts"] for r in results)
-        assert delta('tandem:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+        assert delta('llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
                      a, b) == sum(r["speculative"]["accepted_per_pos"][0] for r in results)
     # batched: two slots share each forward pass, so fewer passes for the same work
-    assert delta("tandem:n_decode_total", middle, after) < \
-        delta("tandem:n_decode_total", before, middle)
-    assert after["tandem:requests_processing"] == 0 and after["tandem:requests_deferred"] == 0
+    assert delta("llamacpp:n_decode_total", middle, after) < \
+        delta("llamacpp:n_decode_total", before, middle)
+    assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
 
 
 def wait_slot_free(server: Server) -> None:
@@ -485,7 +496,7 @@ def test_disconnected_client_frees_its_slot(srv_b):
         httpx.post(f"{srv_b.url}/completion", json={**body, "stream": False}, timeout=0.5)
     wait_slot_free(srv_b)
     assert f"request {task + 1} cancelled (client went away)" in srv_b.log()
-    assert metrics(srv_b)["tandem:requests_processing"] == 0
+    assert metrics(srv_b)["llamacpp:requests_processing"] == 0
     assert complete(srv_b, PROMPTS[1], n=4)["tokens_predicted"] == 4
 
 
@@ -509,7 +520,11 @@ BAD_REQUESTS = [
     ("/completion", {"prompt": "x", "id_slot": 5}, {}, 400, "id_slot 5"),
     ("/v1/chat/completions", {"messages": []}, {}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, {}, 400, "role"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, {}, 400, "n = 1"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, {}, 400, "at most 16"),
+    ("/v1/completions", {"prompt": "x", "n": 2, "stream": True}, {}, 400, "without streaming"),
+    ("/completion", {"prompt": [[1, 2], 3]}, {}, 400, "mixing token ids"),
+    ("/completion", {"prompt": {"prompt_string": "x", "multimodal_data": ["AA=="]}}, {}, 400,
+     "multimodal"),
     ("/completion", {"prompt": "x"}, {"Authorization": "Bearer wrong"}, 401, "invalid API key"),
     ("/completion", {"prompt": "x"}, {"Authorization": ""}, 401, "missing API key"),
     # fields Tandem cannot honour yet are refused by name, never answered unconstrained
@@ -610,7 +625,7 @@ def test_full_queue_answers_503(srv_b):
             assert next(line for line in lines if line.startswith("data: "))  # slot busy
             queued = pool.submit(complete, srv_b, PROMPTS[1], 2)
             deadline = time.monotonic() + 3
-            while metrics(srv_b)["tandem:requests_deferred"] < 1:
+            while metrics(srv_b)["llamacpp:requests_deferred"] < 1:
                 assert time.monotonic() < deadline, "the second request never queued"
                 time.sleep(0.02)
             busy = post(srv_b, "/completion", {"prompt": "x", "n_predict": 2})

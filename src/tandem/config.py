@@ -77,6 +77,9 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1
 
 
+AUTO_P_MIN = 0.75  # auto's draft-model floor (its measured results were taken with it)
+
+
 @dataclass(slots=True)
 class SpecConfig:
     """Speculative decoding settings (llama-server's --spec-* flags).
@@ -86,7 +89,9 @@ class SpecConfig:
     None (nothing given) = auto with a draft model, none without: see `resolved`, the one place
     that decides what runs with or without a draft model. A comma-separated string is parsed.
     n_max / n_min / p_min: draft-simple drafts at most n_max tokens, stops when the draft's top
-    probability falls below p_min, and drops drafts shorter than n_min.
+    probability falls below p_min, and drops drafts shorter than n_min. p_min unset (-1):
+    llama-server's default, 0 (no floor), for draft-simple alone; 0.75 under auto, whose
+    measured results were taken with it (`draft_p_min`).
     draft_window: the draft model processes only the last draft_window tokens of the prompt
     (0 = all of it); what it then generates it keeps. Its prompt processing costs a third of
     the target's on this CPU and is paid before the first token; a shorter window trades some
@@ -116,9 +121,10 @@ class SpecConfig:
     n_min: int = field(default=0, metadata=flag(
         "--spec-draft-n-min", "--draft-min", request="speculative.n_min",
         help="drop shorter drafts"))
-    p_min: float = field(default=0.75, metadata=flag(
+    p_min: float = field(default=-1.0, metadata=flag(
         "--spec-draft-p-min", "--draft-p-min", request="speculative.p_min",
-        help="stop drafting below this draft probability"))
+        help="stop drafting below this draft probability (-1: 0 for draft-simple, as "
+             "llama-server; 0.75 under auto)"))
     draft_window: int = field(default=0, metadata=flag(
         "--spec-draft-window",
         help="the draft model processes only this many last tokens of the prompt (0 = all)"))
@@ -157,8 +163,9 @@ class SpecConfig:
         if self.n_max < 0 or self.n_min < 0 or self.n_min > max(self.n_max, 0) and self.n_max > 0:
             raise TandemError(f"spec-draft-n-min ({self.n_min}) and -n-max ({self.n_max}) must "
                               "be >= 0 with n-min <= n-max")
-        if not 0.0 <= self.p_min <= 1.0:
-            raise TandemError(f"spec-draft-p-min must be between 0 and 1, got {self.p_min}")
+        if not (0.0 <= self.p_min <= 1.0 or self.p_min == -1.0):
+            raise TandemError(f"spec-draft-p-min must be between 0 and 1 (or -1 for the "
+                              f"default), got {self.p_min}")
         if self.draft_window < 0:
             raise TandemError(f"spec-draft-window must be >= 0 (0 = the whole prompt), "
                               f"got {self.draft_window}")
@@ -181,6 +188,13 @@ class SpecConfig:
         if not types:
             raise TandemError(f"empty --spec-type {text!r}; supported: {', '.join(SPEC_TYPES)}")
         return types
+
+    @property
+    def draft_p_min(self) -> float:
+        """p_min as the draft model uses it: given, else 0.75 under auto, else 0."""
+        if self.p_min >= 0:
+            return self.p_min
+        return AUTO_P_MIN if self.adaptive else 0.0
 
     def resolved(self, has_draft: bool) -> SpecConfig:
         """These settings as they run with (or without) a draft model; the one home of the
@@ -224,7 +238,7 @@ class SpecConfig:
         for f in dataclasses.fields(self):
             key = f.metadata.get("request")
             if key is not None:
-                value = getattr(self, f.name)
+                value = self.draft_p_min if f.name == "p_min" else getattr(self, f.name)
                 view[key] = ",".join(value) if f.name == "types" else value
         return view
 
@@ -263,7 +277,7 @@ class SpecConfig:
         for t in self.types:
             if t == "draft-simple":
                 parts.append(f"draft-simple with {draft_name} (n_max {self.n_max}, n_min "
-                             f"{self.n_min}, p_min {self.p_min}"
+                             f"{self.n_min}, p_min {self.draft_p_min:g}"
                              + (f", prompt window {self.draft_window}" if self.draft_window else "")
                              + (f", vocabulary {self.draft_vocab} + used ids"
                                 if self.draft_vocab else "") + ")")
@@ -332,12 +346,15 @@ class Numerics:
 
 @dataclass(slots=True)
 class EngineConfig:
-    """How the engine is laid out and computes: context per slot, slots, threads, weights,
+    """How the engine is laid out and computes: context per slot (the -c flag is the total
+    over slots, divided by flags.engine_config), slots, threads, weights,
     dtype, activation rounding, and the numeric switches (environment variables
     TANDEM_KERNELS, TANDEM_PROMPT_KERNEL, TANDEM_NATIVE_LAYERS = 0 turn them off)."""
 
     ctx_size: int = field(default=4096, metadata=flag(
-        "-c", "--ctx-size", help="context per slot (tokens)"))
+        "-c", "--ctx-size",
+        help="context in tokens over all slots, as llama-server: each of --parallel slots gets "
+             "ctx-size / parallel"))
     n_parallel: int = field(default=1, metadata=flag(
         "-np", "--parallel", help="slots: requests generated at once, batched in one pass"))
     n_threads: int = field(default=0, metadata=flag(

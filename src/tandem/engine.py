@@ -16,8 +16,10 @@ steps, between the other sequences' tokens. One iteration (`step`):
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -25,7 +27,7 @@ from .config import EngineConfig, SamplingParams, SpecConfig
 from .errors import TandemError
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
-from .sampling import make_generator
+from .sampling import logits_to_probs, make_generator
 from .speculative.controller import AcceptanceTracker, CostModel
 from .speculative.speculator import Speculation, Speculator
 from .speculative.stats import SpecStats
@@ -46,6 +48,9 @@ class Request:
     cache_prompt: bool = True
     id_slot: int = -1
     n_probs: int = 0  # > 0: keep the target's top n_probs log-probabilities per output token
+    # with n_probs: the probabilities after the sampler chain (temperature, top-k/p, min-p),
+    # tokens it rules out left out, instead of the raw logits' (llama.cpp's post_sampling_probs)
+    post_sampling: bool = False
 
 
 @dataclass(slots=True)
@@ -107,6 +112,7 @@ class Sequence:
     def timings(self) -> dict:
         n = len(self.output)
         t = {
+            "cache_n": self.n_prompt - self.n_prompt_processed,
             "prompt_n": self.n_prompt_processed,
             "prompt_ms": self.t_prompt_ms,
             "prompt_per_token_ms": self.t_prompt_ms / max(self.n_prompt_processed, 1),
@@ -134,13 +140,21 @@ def _partial_stop(text: str, stops: list[str]) -> int:
     return best
 
 
-def _logprobs(rows: torch.Tensor, ids: list[int], n: int) -> list[TokenLogprobs]:
-    """(T, V) logits, the T tokens chosen from them -> their log-probabilities and top n."""
-    lp = torch.log_softmax(rows.float(), dim=-1)  # (T, V)
+def _logprobs(rows: torch.Tensor, ids: list[int], n: int,
+              post: SamplingParams | None = None) -> list[TokenLogprobs]:
+    """(T, V) logits, the T tokens chosen from them -> their log-probabilities and top n; with
+    `post`, of the distribution the sampler drew from, tokens of probability 0 left out."""
+    if post is None:
+        lp = torch.log_softmax(rows.float(), dim=-1)  # (T, V)
+    else:
+        lp = torch.log(logits_to_probs(rows, post))  # -inf where the sampler rules a token out
     top_v, top_i = lp.topk(min(n, lp.shape[-1]), dim=-1)  # (T, n)
     chosen = lp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
-    return [TokenLogprobs(t, c, list(zip(ti, tv)))
+    return [TokenLogprobs(t, c, [(i, v) for i, v in zip(ti, tv) if v != float("-inf")])
             for t, c, ti, tv in zip(ids, chosen, top_i.tolist(), top_v.tolist())]
+
+
+SLOT_FORMAT = "tandem-slot-1"  # save_slot's file: torch.save of tokens, K and V, model identity
 
 
 class Engine:
@@ -161,6 +175,8 @@ class Engine:
             self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
         self._calibrated = False
+        # end-of-generation ids, masked out of the target's rows when a request ignores EOS
+        self._eog = sorted(i for i in self.tok.eog_ids if i < target.args.vocab_size)
         # what every sequence's speculation shares: pass costs, the draft model, the pool
         self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
                                        spec.suffix_pool, shared_catch_up=4 * cfg.batch_size)
@@ -174,6 +190,94 @@ class Engine:
     def draft_history(self) -> AcceptanceTracker:
         """The draft model's acceptance over every request so far."""
         return self.speculation.draft_history
+
+    # -- embeddings -----------------------------------------------------------------------
+
+    POOLINGS = ("none", "mean", "cls", "last")
+
+    def embed(self, ids: list[int], pooling: str) -> torch.Tensor:
+        """The target's final-normed hidden states for `ids`, pooled: "none" (T, dim), one row
+        per token; "mean", "cls" (the first token's) or "last" (the last token's, the one that
+        has read the whole input in a causal model) (dim,). The pass uses a scratch cache of its
+        own (--batch-size positions, made on first use), never a slot's, so generation in the
+        slots is untouched."""
+        if pooling not in self.POOLINGS:
+            raise TandemError(f"pooling {pooling!r}: expected one of {', '.join(self.POOLINGS)}")
+        if not 0 < len(ids) <= self.cfg.batch_size:
+            raise TandemError(f"an embedding input of {len(ids)} tokens; 1..{self.cfg.batch_size}"
+                              " (--batch-size) fit in one pass")
+        scratch = getattr(self, "_embed_cache", None)
+        if scratch is None:
+            scratch = self._embed_cache = KVCache(self.target.args, 1, self.cfg.batch_size + 1,
+                                                  self.target.dtype)
+        h = self.target.model(torch.tensor([ids]), scratch, [0], [0], logits="hidden_all")[0]
+        if pooling == "none":
+            return h
+        return {"mean": h.mean(0), "cls": h[0], "last": h[-1]}[pooling]
+
+    # -- slot files (llama-server's /slots/{id}?action=save|restore|erase) -----------------
+
+    def save_slot(self, slot: int, path: Path) -> tuple[int, int]:
+        """Write what an idle slot's target cache holds (its token ids, keys and values) to
+        `path`; returns (tokens, bytes written). The draft's cache is not saved: it catches up
+        on the restored tokens by itself."""
+        self._idle(slot)
+        n = self.cache.length(slot)
+        state = {"format": SLOT_FORMAT, "model": self._identity(),
+                 "tokens": list(self.cache.tokens[slot]),
+                 "k": self.cache.k[:, slot, :, :n].clone(), "v": self.cache.v[:, slot, :, :n].clone()}
+        tmp = path.with_name(path.name + ".partial")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        return n, path.stat().st_size
+
+    def restore_slot(self, slot: int, path: Path) -> tuple[int, int]:
+        """Load a save_slot file into an idle slot (any slot of a server with the same target
+        model); returns (tokens, bytes read). A later prompt that starts with those tokens
+        reuses them, as a cached prompt."""
+        self._idle(slot)
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as e:
+            raise TandemError(f"{path.name}: not a slot file this server can read ({e})") from None
+        if not isinstance(state, dict) or state.get("format") != SLOT_FORMAT:
+            raise TandemError(f"{path.name}: not a Tandem slot file (format {SLOT_FORMAT})")
+        if state["model"] != self._identity():
+            raise TandemError(f"{path.name} was saved with another model or cache layout "
+                              f"({state['model']}), this server runs {self._identity()}")
+        tokens, k, v = state["tokens"], state["k"], state["v"]
+        n = len(tokens)
+        if n >= self.cache.max_len - self.max_k - 1 or k.shape[2] != n:
+            raise TandemError(f"{path.name} holds {n} tokens; a slot here holds at most "
+                              f"{self.cfg.ctx_size - 1}")
+        self.cache.k[:, slot, :, :n] = k
+        self.cache.v[:, slot, :, :n] = v
+        self.cache.tokens[slot] = list(tokens)
+        if self.draft_cache is not None:  # keep what the draft holds only where it agrees
+            self.draft_cache.truncate(slot, self.draft_cache.common_prefix(slot, tokens))
+        return n, path.stat().st_size
+
+    def erase_slot(self, slot: int) -> int:
+        """Forget what an idle slot's caches hold; returns how many tokens it held."""
+        self._idle(slot)
+        n = self.cache.length(slot)
+        self.cache.truncate(slot, 0)
+        if self.draft_cache is not None:
+            self.draft_cache.truncate(slot, 0)
+        return n
+
+    def _idle(self, slot: int) -> None:
+        if not 0 <= slot < len(self.slots):
+            raise TandemError(f"slot {slot} does not exist; this server has slots "
+                              f"0..{len(self.slots) - 1}")
+        if self.slots[slot] is not None:
+            raise TandemError(f"slot {slot} is processing a request; try again when it is idle")
+
+    def _identity(self) -> dict:
+        a = self.target.args
+        return {"arch": a.arch, "n_layers": a.n_layers, "n_kv_heads": a.n_kv_heads,
+                "head_dim": a.head_dim, "vocab": a.vocab_size, "dtype": str(self.cache.k.dtype),
+                "file": self.target.path.name}
 
     # -- requests -------------------------------------------------------------------------
 
@@ -380,6 +484,9 @@ class Engine:
             k = len(d.ids)
             mine = logits[at: at + k + 1]
             at += k + 1
+            if s.req.sampling.ignore_eos and self._eog:  # llama.cpp: a -inf bias on each EOG
+                mine = mine.clone()
+                mine[:, self._eog] = float("-inf")
             res = verify(d.ids, d.probs, mine, s.req.sampling, s.gen)
             self.cache.append(s.slot, [s.tokens[-1], *d.ids[: res.n_accepted]])
             s.speculator.accept(d, res.n_accepted, res.tokens)
@@ -387,7 +494,8 @@ class Engine:
             self._append(s, res.tokens, res.n_accepted)
             if s.req.n_probs > 0 and s.n_new:
                 s.logprobs.extend(_logprobs(mine[: s.n_new], s.output[-s.n_new:],
-                                            s.req.n_probs))
+                                            s.req.n_probs,
+                                            s.req.sampling if s.req.post_sampling else None))
         for s in filling:
             s.n_new = 0
         return seqs

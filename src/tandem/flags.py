@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable
 
 from .config import EngineConfig, SamplingParams, SpecConfig
-from .errors import IncompatibleDraftError
+from .errors import IncompatibleDraftError, TandemError
 
 SPEC_PREFIX = "spec_"  # SpecConfig's fields are spec_<field> in a parsed namespace
 
@@ -96,7 +96,16 @@ def spec_config(a: argparse.Namespace) -> SpecConfig:
 
 
 def engine_config(a: argparse.Namespace) -> EngineConfig:
-    return config_of(EngineConfig, a)
+    """The engine's config; --ctx-size is the context over all slots (llama-server's meaning),
+    so each slot gets ctx-size / parallel."""
+    cfg = config_of(EngineConfig, a)
+    if cfg.n_parallel > 1:
+        per_slot = cfg.ctx_size // cfg.n_parallel
+        if per_slot < 16:
+            raise TandemError(f"--ctx-size {cfg.ctx_size} over --parallel {cfg.n_parallel} "
+                              f"slots leaves {per_slot} tokens per slot; each needs >= 16")
+        cfg = dataclasses.replace(cfg, ctx_size=per_slot)
+    return cfg
 
 
 def sampling_params(a: argparse.Namespace) -> SamplingParams:

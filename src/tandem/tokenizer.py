@@ -73,11 +73,45 @@ _FIM_EOG_TEXTS = {
     "fim_sep": ("<|file_sep|>",),
 }
 
+# llama.cpp's fill-in-the-middle tokens by text, where the file gives no fim_*_token_id
+FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>"),
+    **_FIM_EOG_TEXTS,
+}
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% endif %}"
 )
+# llama-server's built-in templates by name (--chat-template NAME), as llama.cpp's
+# llm_chat_apply_template writes them
+BUILTIN_TEMPLATES = {
+    "chatml": CHATML_TEMPLATE,
+    "llama3": (
+        "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
+        " + m['content'] | trim }}{{ '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"),
+    "command-r": (
+        "{% set names = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', "
+        "'assistant': '<|CHATBOT_TOKEN|>'} %}{% for m in messages %}"
+        "{{ '<|START_OF_TURN_TOKEN|>' + names[m['role']] + (m['content'] | trim) + "
+        "'<|END_OF_TURN_TOKEN|>' }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"),
+    "gemma": (
+        "{% set ns = namespace(system='') %}{% for m in messages %}"
+        "{% if m['role'] == 'system' %}{% set ns.system = m['content'] | trim %}{% else %}"
+        "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+        "{{ '<start_of_turn>' + role + '\n' }}{% if ns.system and role != 'model' %}"
+        "{{ ns.system + '\n\n' }}{% set ns.system = '' %}{% endif %}"
+        "{{ (m['content'] | trim) + '<end_of_turn>\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
+    "phi3": (
+        "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '<|end|>\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"),
+}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -108,6 +142,7 @@ class Tokenizer:
         self.tokens, self.token_types = tokens, token_types
         self.bos_id, self.eos_id, self.add_bos, self.add_eos = bos_id, eos_id, add_bos, add_eos
         self.eog_ids, self.chat_template = eog_ids, chat_template
+        self.fim: dict[str, int | None] = {}  # FIM token ids by role (fim_pre, ...), see fim_ids
         if add_bos and bos_id is None or add_eos and eos_id is None:
             raise ModelFileError("the tokenizer asks to add BOS/EOS but names no BOS/EOS token id")
         # EOG tokens count as control even when the file marks them otherwise (llama.cpp does so)
@@ -120,6 +155,17 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    def fim_ids(self) -> dict[str, int | None]:
+        """Fill-in-the-middle token ids: fim_pre, fim_suf, fim_mid (needed for infill), fim_rep,
+        fim_sep, fim_pad (used where present); the file's ids, else found by text."""
+        out = {}
+        for key, texts in FIM_TEXTS.items():
+            found = self.fim.get(key)
+            if found is None:
+                found = next((i for i, t in enumerate(self.tokens) if t in texts), None)
+            out[key] = found
+        return out
 
     # ---- building ------------------------------------------------------------------------------
 
@@ -157,12 +203,14 @@ class Tokenizer:
         extra = [token_id(k) for k in ("eot_token_id", "eom_token_id")]
         eog = _eog_ids(vocab, types, [eos, *extra], {k: token_id(f"{k}_token_id") for k in _FIM_EOG_TEXTS})
         _add_special_tokens(engine, tokens, types, eog)
-        return cls(
+        tok = cls(
             engine, vocab_type=model, pre=pre, tokens=list(tokens), token_types=types, bos_id=bos,
             eos_id=eos, add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos)),
             add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
             eog_ids=eog, chat_template=meta.get("tokenizer.chat_template"),
         )
+        tok.fim = {k: token_id(f"{k}_token_id") for k in FIM_TEXTS}
+        return tok
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> Tokenizer:

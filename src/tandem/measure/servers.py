@@ -112,7 +112,7 @@ def llama_command(plan: Plan, variant: Variant, port: int) -> list[str]:
 
     a = plan.args
     cmd = [a.llama_server, "--model", resolve(plan.target, quiet=True), "--threads", a.n_threads,
-           "--ctx-size", a.ctx_size * a.n_parallel, "--parallel", a.n_parallel,
+           "--ctx-size", a.ctx_size, "--parallel", a.n_parallel,
            "--host", HOST, "--port", port,
            "--spec-type", variant.spec_type]
     if variant.uses_draft:

@@ -201,6 +201,7 @@ class Transformer(nn.Module):
 
         logits: "all" -> (B, T, V) float32 (verification needs every row); "last" -> (B, V);
         "hidden" -> (B, dim), the last position's final-normed hidden state;
+        "hidden_all" -> (B, T, dim), every position's (embeddings);
         "none" -> None (prefill only fills the cache: the vocabulary projection is the
         largest matmul of a prefill chunk). The caller records what the cache now holds.
         """
@@ -225,7 +226,7 @@ class Transformer(nn.Module):
         if logits in ("last", "hidden"):
             x = x[:, -1]
         x = rms_norm(x, self.norm, self.args.norm_eps).to(self.dtype)
-        if logits == "hidden":  # the caller projects onto (some of) the vocabulary itself
+        if logits in ("hidden", "hidden_all"):  # the caller projects (or pools) them itself
             return x.float()
         return self.output(x, rowwise=logits == "all" and B * T > 1).float()
 

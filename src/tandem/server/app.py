@@ -3,10 +3,12 @@ shape. OpenAI's endpoints are in oai.py.
 
     GET  /health            503 {"error": {"message": "Loading model"}} while loading, then 200
     POST /completion        llama.cpp's fields in and out; SSE when "stream": true
+    POST /infill            fill-in-the-middle (infill.py), answered as /completion
     POST /tokenize          {"content": str, "add_special": bool} -> {"tokens": [...]}
     POST /detokenize        {"tokens": [...]} -> {"content": str}
     GET  /props             default generation settings, total_slots, model path, speculation
     GET  /slots             what every slot is doing
+    POST /slots/{id}        ?action=save|restore {"filename"} (--slot-save-path), erase
     GET  /metrics           Prometheus text (see metrics.py)
 
 Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint.
@@ -20,17 +22,18 @@ import json
 import logging
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .jobs import off_loop, read_body, sse_response, submit, wait_result
-from .prepare import build_request, n_predict_of, prompt_ids
+from .metrics import CONTENT_TYPE
+from .cors import Cors
+from .jobs import off_loop, read_body, sse_response, submit, wait_results
+from .prepare import build_request, n_predict_of, prompt_list
 from .results import generation_settings, spec_settings
+from ..errors import TandemError
 from .schemas import ApiError, CompletionBody, parse_body
 from .state import ServerState
-from .worker import Delta, Done
+from .worker import Delta, Done, Progress
 
 log = logging.getLogger("tandem.server")
 
@@ -93,6 +96,7 @@ def _too_large(limit: int) -> str:
 
 
 def create_app(state: ServerState) -> FastAPI:
+    from .embeddings import router as embeddings_router
     from .oai import router as oai_router
 
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url=None)
@@ -118,10 +122,10 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(Guard, state=state)
     # outermost: browsers on another origin may call the API (preflight OPTIONS answered
     # here, before the key check), as llama-server allows
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
-                       allow_headers=["*"])
+    app.add_middleware(Cors, allowed=state.settings.cors_origins)
     _llama_routes(app, state)
     app.include_router(oai_router)
+    app.include_router(embeddings_router)
     return app
 
 
@@ -137,29 +141,51 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
     async def completion(http: HttpRequest):
         engine, _ = state.ready()
         body: CompletionBody = parse_body(await read_body(http, state), CompletionBody)
-        ids = await off_loop(prompt_ids, engine, body.prompt)
-        req = build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
-                            state.settings.sampling)
-        job = submit(state, req, body.stream)
+        prompts = await off_loop(prompt_list, engine, body.prompt)
+        reqs = [build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
+                              state.settings.sampling, body.post_sampling_probs)
+                for ids in prompts]  # every prompt checked before any is submitted
+        jobs = [submit(state, req, body.stream, body.return_progress) for req in reqs]
         if body.stream:
-            return await sse_response(http, state, job,
-                                      _completion_chunks(state, body.return_tokens))
-        result = await wait_result(http, state, job)
-        # llama-server's fields: the ids only when asked for (return_tokens), the prompt as
-        # text, whether the answer has a new line
-        return {"index": 0, **result, "model": state.model_name,
-                "tokens": result["tokens"] if body.return_tokens else [],
-                "prompt": engine.tok.decode(ids), "has_new_line": "\n" in result["content"]}
+            return await sse_response(http, state, jobs, [
+                _completion_chunks(state, body, i) for i in range(len(jobs))])
+        results = await wait_results(http, state, jobs)
+        out = [_completion_answer(state, body, i, ids, r)
+               for i, (ids, r) in enumerate(zip(prompts, results))]
+        # several prompts get a list of answers, one an answer, as llama-server's
+        return out[0] if len(out) == 1 else out
+
+    @app.post("/infill")
+    async def infill(http: HttpRequest):
+        from .infill import InfillBody, infill_ids
+
+        engine, _ = state.ready()
+        body: InfillBody = parse_body(await read_body(http, state), InfillBody)
+        ids = await off_loop(infill_ids, engine, body, engine.cfg.batch_size,
+                             state.settings.sampling.n_predict)
+        req = build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
+                            state.settings.sampling, body.post_sampling_probs)
+        job = submit(state, req, body.stream, body.return_progress)
+        if body.stream:
+            return await sse_response(http, state, job, _completion_chunks(state, body))
+        (result,) = await wait_results(http, state, [job])
+        return _completion_answer(state, body, 0, ids, result)
 
     @app.post("/tokenize")
     async def tokenize(http: HttpRequest):
         engine, _ = state.ready()
         data = _json_object(await read_body(http, state))
         content, add_special = data.get("content", ""), data.get("add_special", False)
-        if not isinstance(content, str) or not isinstance(add_special, bool):
-            raise ApiError(400, "tokenize: 'content' must be a string, 'add_special' a boolean")
+        parse_special, with_pieces = data.get("parse_special", True), data.get("with_pieces",
+                                                                                False)
+        if not isinstance(content, str) or not all(
+                isinstance(v, bool) for v in (add_special, parse_special, with_pieces)):
+            raise ApiError(400, "tokenize: 'content' must be a string; 'add_special', "
+                                "'parse_special' and 'with_pieces' booleans")
         tokens = await off_loop(lambda: engine.tok.encode(content, add_special=add_special,
-                                                          parse_special=True))
+                                                          parse_special=parse_special))
+        if with_pieces:  # llama-server's: the piece as text, or its bytes if not valid UTF-8
+            return {"tokens": [{"id": t, "piece": _piece(engine, t)} for t in tokens]}
         return {"tokens": tokens}
 
     @app.post("/detokenize")
@@ -201,28 +227,136 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         _, worker = state.ready()
         return worker.slots()
 
+    @app.post("/slots/{id_slot}")
+    async def slot_action(id_slot: int, http: HttpRequest, action: str = ""):
+        """llama-server's slot files: ?action=save|restore {"filename"} (needs
+        --slot-save-path, files only inside it), ?action=erase."""
+        import asyncio
+        import time
+        from pathlib import Path
+
+        engine, worker = state.ready()
+        if action not in ("save", "restore", "erase"):
+            raise ApiError(400, f"action {action!r}: expected ?action=save, restore or erase")
+        data = _json_object(await read_body(http, state))
+        if action == "erase":
+            fn, path = (lambda: engine.erase_slot(id_slot)), None
+        else:
+            root = state.settings.slot_save_path
+            if root is None:
+                raise ApiError(501, "this server was started without --slot-save-path: slot "
+                                    "save and restore are off")
+            name = data.get("filename")
+            if not isinstance(name, str) or not _safe_filename(name):
+                raise ApiError(400, "filename: expected a plain file name (no directories, "
+                                    f"no leading dot), got {json.dumps(name)[:80]}")
+            path = Path(root) / name
+            if action == "restore" and not path.is_file():
+                raise ApiError(400, f"filename: no saved slot {name!r} in --slot-save-path")
+            fn = (lambda: engine.save_slot(id_slot, path)) if action == "save" else \
+                (lambda: engine.restore_slot(id_slot, path))
+        t0 = time.perf_counter()
+        try:
+            out = await asyncio.wrap_future(worker.call(fn))
+        except TandemError as e:
+            raise ApiError(400, str(e)) from None
+        ms = 1e3 * (time.perf_counter() - t0)
+        if action == "erase":
+            return {"id_slot": id_slot, "n_erased": out}
+        n, nbytes = out
+        if action == "save":
+            return {"id_slot": id_slot, "filename": path.name, "n_saved": n, "n_written": nbytes,
+                    "timings": {"save_ms": ms}}
+        return {"id_slot": id_slot, "filename": path.name, "n_restored": n, "n_read": nbytes,
+                "timings": {"restore_ms": ms}}
+
     @app.get("/metrics")
     async def metrics():
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        if not state.settings.metrics_endpoint:
+            raise ApiError(501, "this server was started without --metrics: GET /metrics is "
+                                "off")
+        response = Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        # llama-server's header, capitalized as it sends it (Starlette lowercases names)
+        response.raw_headers.append((b"Process-Start-Time-Unix",
+                                     str(state.metrics.t_start).encode()))
+        return response
 
 
-def _completion_chunks(state: ServerState, return_tokens: bool):
+def _completion_answer(state: ServerState, body: CompletionBody, index: int, ids: list[int],
+                       result: dict) -> dict:
+    """llama-server's /completion answer: the ids only when asked for (return_tokens), the
+    prompt as text, whether the answer has a new line; response_fields keeps only the fields
+    named ("generation_settings/n_predict" reaches into generation_settings)."""
+    engine = state.engine
+    out = {"index": index, **result, "model": state.model_name,
+           "tokens": result["tokens"] if body.return_tokens else [],
+           "prompt": engine.tok.decode(ids), "has_new_line": "\n" in result["content"]}
+    if body.n_probs and body.post_sampling_probs:
+        out["completion_probabilities"] = [_post(p) for p in out["completion_probabilities"]]
+    if body.response_fields:
+        out = {path: _nested(out, path) for path in body.response_fields}
+    return out
+
+
+def _nested(obj, path: str):
+    for key in path.split("/"):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _post(p: dict) -> dict:
+    """A completion_probabilities entry in llama-server's post_sampling_probs form: "prob" and
+    "top_probs" (probabilities after the sampler chain) in place of the logprobs."""
+    import math
+
+    def one(t: dict) -> dict:
+        t = dict(t)
+        t["prob"] = math.exp(t.pop("logprob"))
+        return t
+
+    out = one({k: v for k, v in p.items() if k != "top_logprobs"})
+    out["top_probs"] = [one(t) for t in p["top_logprobs"]]
+    return out
+
+
+def _progress_timings(p: Progress) -> dict:
+    """The timings of a request whose prompt is being read: nothing predicted yet."""
+    n = p.processed - p.cache
+    return {"cache_n": p.cache, "prompt_n": n, "prompt_ms": p.time_ms if n else 0.0,
+            "prompt_per_token_ms": p.time_ms / n if n else 0.0,
+            "prompt_per_second": 1e3 * n / p.time_ms if n and p.time_ms > 0 else 0.0,
+            "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0}
+
+
+def _completion_chunks(state: ServerState, body: CompletionBody, index: int = 0):
     """llama-server's /completion stream: a chunk per step (its token ids only with
     return_tokens), then the full result with stop: true. `from_draft` says, per token,
-    whether it was an accepted draft token."""
+    whether it was an accepted draft token. `index`: which prompt of the request."""
 
-    def render(event: Delta | Done) -> list[dict]:
+    def render(event: Delta | Progress | Done) -> list[dict]:
+        if isinstance(event, Progress):
+            chunk = {"index": index, "content": "", "tokens": [], "stop": False,
+                     "tokens_predicted": 0, "tokens_evaluated": event.total,
+                     "prompt_progress": event.as_dict()}
+            if body.timings_per_token:
+                chunk["timings"] = _progress_timings(event)
+            return [chunk]
         if isinstance(event, Delta):
-            chunk = {"index": 0, "content": event.text,
-                     "tokens": event.tokens if return_tokens else [], "stop": False,
+            chunk = {"index": index, "content": event.text,
+                     "tokens": event.tokens if body.return_tokens else [], "stop": False,
                      "from_draft": event.from_draft}
+            if body.timings_per_token and event.timings is not None:
+                chunk["timings"] = event.timings
             if event.logprobs:
                 from .results import probabilities
 
-                chunk["completion_probabilities"] = probabilities(state.engine, event.logprobs)
+                probs = probabilities(state.engine, event.logprobs)
+                chunk["completion_probabilities"] = (
+                    [_post(p) for p in probs] if body.post_sampling_probs else probs)
             return [chunk]
         # the text went out in the chunks; the final one carries the stats, as llama-server's
-        final = {"index": 0, **event.result, "content": "", "tokens": [],
+        final = {"index": index, **event.result, "content": "", "tokens": [],
                  "model": state.model_name}
         final.pop("completion_probabilities", None)  # each chunk carried its own
         return [final]
@@ -238,6 +372,21 @@ def _json_object(raw: bytes) -> dict:
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return data
+
+
+def _safe_filename(name: str) -> bool:
+    """llama.cpp's fs_validate_filename, in short: one path component, no separators, no
+    leading dot, no control characters, at most 255 bytes."""
+    return (0 < len(name.encode()) <= 255 and not name.startswith(".")
+            and not any(c in name for c in '/\\:*?"<>|') and name.isprintable())
+
+
+def _piece(engine, token_id: int) -> str | list[int]:
+    raw = engine.tok.token_to_piece(token_id)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
 
 
 def _token_text(engine, token_id: int | None) -> str:

@@ -31,13 +31,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_model_args(p, default_model=None, parallel=True)
     flags.add_spec_args(p)
     g = p.add_argument_group("server (llama-server's spelling)")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address(es) to listen on, comma-separated (127.0.0.1)")
     g.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
     g.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' (default: $TANDEM_API_KEY; none)")
     g.add_argument("-to", "--timeout", type=float, default=600.0,
                    help="seconds a request may take: reading it, waiting and generating (600)")
-    g.add_argument("-a", "--alias", default=None, help="model name the API reports")
+    g.add_argument("-a", "--alias", default=None,
+                   help="model name(s) the API reports, comma-separated; the id is the first in "
+                        "alphabetical order, as llama-server's")
     g.add_argument("--queue-size", type=int, default=None,
                    help="requests that may wait for a slot before new ones get 503 "
                         "(default: 4 x --parallel)")
@@ -63,6 +66,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-shift", dest="context_shift", action="store_true",
                    help="not supported: Tandem stops a generation when its context is full")
     g.add_argument("-v", "--verbose", action="store_true", help="log more (debug)")
+    g.add_argument("--offline", action="store_true",
+                   help="never download: a model name that is not pulled yet is an error")
+    g.add_argument("--metrics", action="store_true",
+                   help="serve GET /metrics (Prometheus text, llama-server's llamacpp: series)")
+    g.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true",
+                   default=True, help="accepted: Tandem always batches slots continuously")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", default=None,
+                   help="accepted: Tandem runs on the CPU (said once in the log)")
+    g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="serve embeddings (POST /v1/embeddings, /embedding): the target's "
+                        "final hidden states, pooled (--pooling) and normalized")
+    g.add_argument("--pooling", default="last", choices=("none", "mean", "cls", "last"),
+                   help="how an embedding pools the hidden states: last (the token that has "
+                        "read the whole input; the default for causal models), mean, cls (the "
+                        "first token), none (one vector per token, /embedding only)")
+    g.add_argument("--cors-origins", default="*",
+                   help="origins a browser may call the API from, comma-separated; "
+                        "'localhost' = any port of localhost, 127.0.0.1, [::1]; '*' = any "
+                        "(the default)")
+    g.add_argument("--slot-save-path", default=None,
+                   help="folder for slot files: POST /slots/ID?action=save|restore "
+                        "{\"filename\"} writes or reads a slot's cache there (off without it)")
+    g.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
+                   help="not supported: reranking needs a cross-encoder with a ranking head; "
+                        "Tandem serves causal language models (refused)")
+    g.add_argument("--kv-unified", "-kvu", dest="kv_unified", action="store_true",
+                   help="not supported: each Tandem slot has its own ctx-size/parallel "
+                        "positions (refused)")
+    g.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling",
+                   action="store_true",
+                   help="accepted: Tandem samples on the CPU, where its logits are")
+    g.add_argument("--swa-full", action="store_true",
+                   help="accepted: Tandem's cache always keeps every position of sliding-"
+                        "window layers")
+    g.add_argument("--chat-template-file", default=None,
+                   help="a Jinja chat template file to use instead of the model's")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (text) to use instead of the model's, or one of "
+                        "llama-server's built-in names: chatml, llama3, command-r, gemma, phi3")
+    g.add_argument("--tags", default=None,
+                   help="comma-separated tags GET /v1/models reports for the model")
     g = p.add_argument_group("default sampling (each request's, where it sends none)")
     flags.add_config_args(g, SamplingParams)
 
@@ -72,14 +116,11 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging()
     try:
         settings = _settings(args)
-        sock = _listen(args.host, args.port)
+        socks = [_listen(host, args.port) for host in _hosts(args.host)]
     except TandemError as e:
         print(f"tandem: error: {e}", file=sys.stderr)
         return e.exit_code
-    import prometheus_client
     import uvicorn  # after listening: a client's first /health must not wait for imports
-
-    prometheus_client.disable_created_metrics()  # llama-server has no *_created series
 
     from .app import create_app
     from .state import ServerState
@@ -91,12 +132,13 @@ def run(args: argparse.Namespace) -> int:
     outcome = {"code": 0}
     loader = threading.Thread(target=_load, args=(state, server, outcome),
                               name="tandem-loader", daemon=True)
-    host, port = sock.getsockname()[:2]
-    log.info("listening on http://%s:%d (models load in the background; /health answers 503 "
-             "until they are ready)", host, port)
+    for sock in socks:
+        host, port = sock.getsockname()[:2]
+        log.info("listening on http://%s:%d (models load in the background; /health answers "
+                 "503 until they are ready)", f"[{host}]" if ":" in host else host, port)
     loader.start()
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
         if state.worker is not None:
             state.worker.stop()
@@ -131,7 +173,7 @@ def _settings(a: argparse.Namespace):
         a.model_draft = None
     engine = flags.engine_config(a)
     for flag, name in (("--model", a.model), ("--model-draft", a.model_draft)):
-        _check_exists(flag, name)
+        _check_exists(flag, name, a.offline)
     if not 0 <= a.port <= 65535:
         raise TandemError(f"--port must be 0..65535, got {a.port}")
     if not a.timeout > 0:
@@ -151,25 +193,82 @@ def _settings(a: argparse.Namespace):
                  a.flash_attn)
     if not a.jinja:
         log.info("--no-jinja: no effect; Tandem always renders the model's Jinja template")
+    if a.reranking:
+        raise TandemError("--reranking is not supported: reranking needs a cross-encoder "
+                          "model with a ranking head, and Tandem serves causal language models")
+    if a.kv_unified:
+        raise TandemError("--kv-unified is not supported: each slot has its own ctx-size / "
+                          "parallel positions (drop the flag)")
+    if a.backend_sampling:
+        log.info("--backend-sampling: no effect; Tandem samples on the CPU")
+    if a.swa_full:
+        log.info("--swa-full: no effect; Tandem's cache keeps every position of every layer")
+    if a.slot_save_path is not None and not os.path.isdir(a.slot_save_path):
+        raise TandemError(f"--slot-save-path {a.slot_save_path}: no such folder")
+    chat_template = _chat_template(a)
+    if a.n_gpu_layers is not None:
+        log.info("--n-gpu-layers %s: no effect; Tandem runs on the CPU", a.n_gpu_layers)
     if a.verbose:
         log.setLevel(logging.DEBUG)
     sampling = flags.config_of(SamplingParams, a)
     return ServerSettings(model=a.model, model_draft=a.model_draft, engine=engine, spec=spec,
                           warmup=not a.no_warmup, alias=a.alias, api_key=a.api_key,
                           timeout=a.timeout, max_queue=queue, sampling=sampling,
-                          slots_endpoint=a.slots_endpoint)
+                          slots_endpoint=a.slots_endpoint,
+                          tags=[t for t in (a.tags or "").split(",") if t], verbose=a.verbose,
+                          metrics_endpoint=a.metrics, embeddings=a.embedding,
+                          pooling=a.pooling,
+                          cors_origins=[o.strip() for o in a.cors_origins.split(",") if o.strip()],
+                          slot_save_path=a.slot_save_path, chat_template=chat_template)
 
 
-def _check_exists(flag: str, name: str | None) -> None:
-    """A path that is not there fails now; a model name is pulled (if needed) when loading."""
+def _chat_template(a: argparse.Namespace) -> str | None:
+    """--chat-template-file's text, or --chat-template's (a template, or the name chatml)."""
+    from ..tokenizer import BUILTIN_TEMPLATES
+
+    if a.chat_template_file is not None and a.chat_template is not None:
+        raise TandemError("give --chat-template or --chat-template-file, not both")
+    if a.chat_template_file is not None:
+        try:
+            return open(a.chat_template_file, encoding="utf-8").read()
+        except OSError as e:
+            raise TandemError(f"--chat-template-file {a.chat_template_file}: "
+                              f"{e.strerror or e}") from None
+    t = a.chat_template
+    if t is None:
+        return None
+    if t in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[t]
+    if "{%" not in t and "{{" not in t:
+        raise TandemError(f"--chat-template {t!r}: not a Jinja template, and of llama-server's "
+                          f"built-in names Tandem knows {', '.join(BUILTIN_TEMPLATES)}; pass "
+                          "the template's text or --chat-template-file")
+    return t
+
+
+def _check_exists(flag: str, name: str | None, offline: bool = False) -> None:
+    """A path that is not there fails now; a model name is pulled (if needed) when loading,
+    unless --offline."""
     from pathlib import Path
 
     from ..errors import ModelFileError
-    from ..registry import MODELS
+    from ..registry import MODELS, is_pulled
 
+    if offline and name in MODELS and not is_pulled(name):
+        raise ModelFileError(f"{flag} {name}: not pulled yet and --offline forbids downloading "
+                             f"it (run `tandem models pull {name}` first)")
     if name is not None and name not in MODELS and not Path(name).exists():
         raise ModelFileError(f"{flag} {name}: no such file or directory (give a .gguf file, a "
                              f"Hugging Face directory, or a model name: {', '.join(MODELS)})")
+
+
+def _hosts(spec: str) -> list[str]:
+    """--host: one address or several, comma-separated (llama-server's spelling), each
+    possibly in [brackets] for IPv6."""
+    hosts = [h.strip().removeprefix("[").removesuffix("]") for h in spec.split(",")]
+    if not all(hosts):
+        raise TandemError(f"--host {spec!r}: an empty address in the list")
+    return hosts
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -232,6 +331,9 @@ def _load_models(state) -> None:
         _warm_up(engine)
     state.model_path = str(engine.target.path)
     state.draft_path = None if engine.draft is None else str(engine.draft.path)
+    if s.chat_template is not None:  # --chat-template(-file) replaces the model's
+        engine.tok.chat_template = s.chat_template
+        engine.tok.apply_chat_template([{"role": "user", "content": "hi"}])  # fails now if bad
     state.engine = engine
     state.created = int(time.time())
     worker = Worker(engine, state.metrics, state.settings.max_queue)

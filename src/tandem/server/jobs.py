@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .schemas import ApiError
 from .state import ServerState
-from .worker import Delta, Done, Failed, Job, QueueFull
+from .worker import Delta, Done, Failed, Job, Progress, QueueFull
 
 if TYPE_CHECKING:
     from ..engine import Request
@@ -40,10 +40,12 @@ async def off_loop(fn, *args):
     return await run_in_threadpool(fn, *args)
 
 
-def submit(state: ServerState, req: Request, stream: bool) -> Job:
+def submit(state: ServerState, req: Request, stream: bool, progress: bool = False) -> Job:
+    """Queue req; progress: a stream also gets Progress events (return_progress)."""
     _, worker = state.ready()
     timeout = state.settings.timeout
-    job = Job(req, stream, asyncio.get_running_loop(), time.monotonic() + timeout, timeout)
+    job = Job(req, stream, asyncio.get_running_loop(), time.monotonic() + timeout, timeout,
+              progress=stream and progress)
     try:
         worker.submit(job)
     except QueueFull as e:
@@ -51,7 +53,8 @@ def submit(state: ServerState, req: Request, stream: bool) -> Job:
     return job
 
 
-async def next_event(http: HttpRequest, state: ServerState, job: Job) -> Delta | Done:
+async def next_event(http: HttpRequest, state: ServerState,
+                     job: Job) -> Delta | Progress | Done:
     """The job's next event; raises its ApiError; cancels the job if the client left."""
     try:
         while True:
@@ -77,32 +80,68 @@ async def wait_result(http: HttpRequest, state: ServerState, job: Job) -> dict:
     return event.result
 
 
-Render = Callable[[Delta | Done], list[dict | str]]
+async def wait_results(http: HttpRequest, state: ServerState, jobs: list[Job]) -> list[dict]:
+    """Every job's result, in order (they generate at once, in slots or queued); if one fails,
+    the others are cancelled and its error is raised."""
+    tasks = [asyncio.ensure_future(wait_result(http, state, job)) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        for job in jobs:
+            if not job.finished:
+                state.worker.cancel(job)
+        raise
 
 
-async def sse_response(http: HttpRequest, state: ServerState, job: Job,
-                       render: Render) -> StreamingResponse:
+Render = Callable[[Delta | Progress | Done], list[dict | str]]
+
+
+async def sse_response(http: HttpRequest, state: ServerState, job: Job | list[Job],
+                       render: Render | list[Render]) -> StreamingResponse:
     """Server-sent events: `data: <json>` per item render() gives (a str is sent as is, e.g.
     "[DONE]"). The first event is awaited before answering, so a request that fails before
     its first token (e.g. timed out in the queue) gets its own HTTP status; a later failure is
-    sent as `data: {"error": ...}` and ends the stream."""
-    first = await next_event(http, state, job)
+    sent as `data: {"error": ...}` and ends the stream. Several jobs (one render each) are
+    sent interleaved, in the order their events come."""
+    jobs = job if isinstance(job, list) else [job]
+    renders = render if isinstance(render, list) else [render]
+    try:
+        firsts = [await next_event(http, state, j) for j in jobs]
+    except BaseException:
+        for j in jobs:
+            if not j.finished:
+                state.worker.cancel(j)
+        raise
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        event = firsts[i]
+        while True:
+            await merged.put((i, event))
+            if isinstance(event, (Done, Failed)):
+                return
+            event = await jobs[i].events.get()
 
     async def events() -> AsyncIterator[str]:
-        event: Delta | Done | Failed = first
+        pumps = [asyncio.ensure_future(pump(i)) for i in range(len(jobs))]
+        left = len(jobs)
         try:
-            while True:
+            while left:
+                i, event = await merged.get()
                 if isinstance(event, Failed):
                     yield _sse(event.error.body())
                     return
-                for item in render(event):
+                for item in renders[i](event):
                     yield _sse(item)
-                if isinstance(event, Done):
-                    return
-                event = await job.events.get()
+                left -= isinstance(event, Done)
         finally:  # also when Starlette cancels us because the client went away
-            if not job.finished:
-                state.worker.cancel(job)
+            for p in pumps:
+                p.cancel()
+            for j in jobs:
+                if not j.finished:
+                    state.worker.cancel(j)
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

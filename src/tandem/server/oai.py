@@ -15,14 +15,16 @@ import uuid
 from fastapi import APIRouter, Request as HttpRequest
 
 from .. import __version__
-from .jobs import off_loop, read_body, sse_response, submit, wait_result
-from .prepare import build_request, chat_ids, chat_text, n_predict_of, prompt_ids
+from .jobs import off_loop, read_body, sse_response, submit, wait_results
+from .prepare import build_request, chat_ids, chat_text, n_predict_of, prompt_list
 from .results import probabilities
-from .schemas import ChatBody, OaiCompletionBody, parse_body
+from .schemas import ApiError, ChatBody, OaiCompletionBody, parse_body
 from .state import ServerState
-from .worker import Delta, Done
+from .worker import Delta, Done, Progress
 
 router = APIRouter()
+# llama-server's shape, b<build>-<commit>: here the version, then the program
+FINGERPRINT = f"b{__version__}-tandem"
 
 
 def _state(http: HttpRequest) -> ServerState:
@@ -36,7 +38,7 @@ async def models(http: HttpRequest):
     engine, _ = state.ready()
     return {"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": state.created,
-        "owned_by": "tandem",
+        "owned_by": "tandem", "aliases": state.aliases or [state.model_name], "tags": state.settings.tags,
         "meta": {"n_ctx": engine.cfg.ctx_size, "n_vocab": engine.target.args.vocab_size,
                  "speculative": ",".join(engine.spec.types), "draft": state.draft_path},
     }]}
@@ -44,21 +46,33 @@ async def models(http: HttpRequest):
 
 @router.post("/v1/completions")
 async def completions(http: HttpRequest):
+    """OpenAI's legacy completions: one choice per prompt and per n (choice i*n + j is prompt
+    i's j-th answer)."""
     state = _state(http)
     engine, _ = state.ready()
     body: OaiCompletionBody = parse_body(await read_body(http, state), OaiCompletionBody)
-    ids = await off_loop(prompt_ids, engine, body.prompt)
+    prompts = await off_loop(prompt_list, engine, body.prompt)
     n_probs = body.logprobs or 0
-    req = build_request(engine, body, ids, n_predict_of(body.max_tokens, body.n_predict),
-                        n_probs, state.settings.sampling)
-    job = submit(state, req, body.stream)
+    _one_stream(body, len(prompts) * body.n)
+    reqs = [build_request(engine, body, ids, n_predict_of(body.max_tokens, body.n_predict),
+                          n_probs, state.settings.sampling)
+            for ids in prompts for _ in range(body.n)]
+    jobs = [submit(state, req, body.stream) for req in reqs]
     meta = _meta(state, "cmpl", "text_completion")
     if body.stream:
-        return await sse_response(http, state, job, _text_chunks(state, meta, n_probs))
-    r = await wait_result(http, state, job)
-    choice = {"index": 0, "text": r["content"], "finish_reason": finish_reason(r),
-              "logprobs": _legacy(r.get("completion_probabilities", [])) if n_probs else None}
-    return {**meta, "choices": [choice], "usage": usage(r), "timings": r["timings"]}
+        return await sse_response(http, state, jobs[0], _text_chunks(state, meta, n_probs))
+    results = await wait_results(http, state, jobs)
+    choices = [{"index": i, "text": r["content"], "finish_reason": finish_reason(r),
+                "logprobs": _legacy(r.get("completion_probabilities", [])) if n_probs else None}
+               for i, r in enumerate(results)]
+    return {**meta, "choices": choices, "usage": usage(results, body.n),
+            "timings": results[0]["timings"]}
+
+
+def _one_stream(body, n_answers: int) -> None:
+    if body.stream and n_answers > 1:
+        raise ApiError(400, f"stream: {n_answers} answers (several prompts or n > 1) can only "
+                            "be returned without streaming; send one request per stream")
 
 
 @router.post("/apply-template")
@@ -71,6 +85,16 @@ async def apply_template(http: HttpRequest):
     return {"prompt": await off_loop(chat_text, engine, body)}
 
 
+@router.post("/chat/completions/input_tokens")
+@router.post("/v1/chat/completions/input_tokens")
+async def chat_input_tokens(http: HttpRequest):
+    """How many tokens a chat request's prompt has (its messages rendered by the template)."""
+    state = _state(http)
+    engine, _ = state.ready()
+    body: ChatBody = parse_body(await read_body(http, state), ChatBody)
+    return {"input_tokens": len(await off_loop(chat_ids, engine, body))}
+
+
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
 async def chat_completions(http: HttpRequest):
@@ -80,38 +104,50 @@ async def chat_completions(http: HttpRequest):
     ids = await off_loop(chat_ids, engine, body)
     n_probs = (body.top_logprobs or 1) if body.logprobs else 0
     n_predict = n_predict_of(body.max_completion_tokens, body.max_tokens, body.n_predict)
-    job = submit(state, build_request(engine, body, ids, n_predict, n_probs,
-                                      state.settings.sampling), body.stream)
+    _one_stream(body, body.n)
+    reqs = [build_request(engine, body, ids, n_predict, n_probs, state.settings.sampling)
+            for _ in range(body.n)]
+    jobs = [submit(state, req, body.stream, body.return_progress) for req in reqs]
     meta = _meta(state, "chatcmpl", "chat.completion")
     if body.stream:
         meta["object"] = "chat.completion.chunk"
-        return await sse_response(http, state, job, _chat_chunks(state, meta, body))
-    r = await wait_result(http, state, job)
-    choice = {"index": 0, "message": {"role": "assistant", "content": r["content"]},
-              "finish_reason": finish_reason(r),
-              "logprobs": _chat_logprobs(r, body) if body.logprobs else None}
-    return {**meta, "choices": [choice], "usage": usage(r), "timings": r["timings"]}
+        return await sse_response(http, state, jobs[0], _chat_chunks(state, meta, body))
+    results = await wait_results(http, state, jobs)
+    choices = [{"index": i, "message": {"role": "assistant", "content": r["content"]},
+                "finish_reason": finish_reason(r),
+                "logprobs": _chat_logprobs(r, body) if body.logprobs else None}
+               for i, r in enumerate(results)]
+    out = {**meta, "choices": choices, "usage": usage(results, body.n),
+           "timings": results[0]["timings"]}
+    if body.verbose or state.settings.verbose:  # llama-server's debugging view
+        out["__verbose"] = {**results[0], "prompt": engine.tok.decode(ids)}
+    return out
 
 
 def finish_reason(result: dict) -> str:
     return "length" if result["stop_type"] == "limit" else "stop"
 
 
-def usage(result: dict) -> dict:
-    p, c = result["tokens_evaluated"], result["tokens_predicted"]
+def usage(results: dict | list[dict], n: int = 1) -> dict:
+    """OpenAI's usage: each prompt's tokens once (n answers share one), every answer's."""
+    results = results if isinstance(results, list) else [results]
+    p = sum(r["tokens_evaluated"] for r in results[::n])
+    c = sum(r["tokens_predicted"] for r in results)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def _meta(state: ServerState, prefix: str, obj: str) -> dict:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
-            "model": state.model_name, "system_fingerprint": f"tandem-{__version__}"}
+            "model": state.model_name, "system_fingerprint": FINGERPRINT}
 
 
 def _text_chunks(state: ServerState, meta: dict, n_probs: int):
     offset = 0
 
-    def render(event: Delta | Done) -> list[dict | str]:
+    def render(event: Delta | Progress | Done) -> list[dict | str]:
         nonlocal offset
+        if isinstance(event, Progress):
+            return []
         if isinstance(event, Delta):
             if not (event.text or n_probs and event.logprobs):
                 return []
@@ -137,9 +173,13 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
     started = False
     include_usage = (body.stream_options or {}).get("include_usage", True) is not False
 
-    def render(event: Delta | Done) -> list[dict | str]:
+    def render(event: Delta | Progress | Done) -> list[dict | str]:
         nonlocal started
         out: list[dict | str] = []
+        if isinstance(event, Progress):  # llama-server: a role chunk carrying the progress
+            started = True
+            role = _chat_chunk(meta, {"role": "assistant", "content": None})
+            return [{**role, "prompt_progress": event.as_dict()}]
         if not started:  # OpenAI's first chunk names the role
             started = True
             out.append(_chat_chunk(meta, {"role": "assistant", "content": None}))
@@ -150,6 +190,8 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
                     lp = {"content": _chat_entries(probabilities(state.engine, event.logprobs),
                                                    body)}
                 out.append(_chat_chunk(meta, {"content": event.text}, logprobs=lp))
+                if body.timings_per_token and event.timings is not None:
+                    out[-1]["timings"] = event.timings
             return out
         r = event.result
         out.append(_chat_chunk(meta, {}, finish_reason(r)))

@@ -53,43 +53,111 @@ def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
     return None if spec is engine.spec else spec
 
 
-def prompt_ids(engine: Engine, prompt: str | list) -> list[int]:
-    """llama.cpp's prompt forms: text, token ids, or a mix (text pieces are tokenized)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # OpenAI clients wrap a single prompt in a list
-    if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
-        raise ApiError(400, f"prompt: {len(prompt)} prompts in one request are not supported; "
-                            "send one request per prompt")
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
-        raise ApiError(400, f"prompt: {len(prompt)} prompts in one request are not supported; "
-                            "send one request per prompt")
+PROMPT_STRING, MULTIMODAL = "prompt_string", "multimodal_data"  # llama-server's object prompt
+
+
+def prompt_list(engine: Engine, prompt) -> list[list[int]]:
+    """llama-server's prompt forms, as token ids per prompt. One prompt: text, token ids, a mix
+    of both in one list, or {"prompt_string": text}. Several: a list of those (a list holding
+    both numbers and strings is one mixed prompt, as llama-server reads it)."""
+    if isinstance(prompt, list) and prompt:
+        numbers = any(isinstance(p, int) for p in prompt)
+        if not (numbers and all(isinstance(p, (int, str)) for p in prompt)):
+            if numbers:
+                raise ApiError(400, "prompt: a list mixing token ids with lists or objects; "
+                                    "give one prompt (ids and text) or a list of prompts")
+            return [_one_prompt(engine, p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_one_prompt(engine, prompt, "prompt")]
+
+
+def prompt_ids(engine: Engine, prompt) -> list[int]:
+    """The one prompt of a request that takes one (several are refused, naming the field)."""
+    prompts = prompt_list(engine, prompt)
+    if len(prompts) != 1:
+        raise ApiError(400, f"prompt: {len(prompts)} prompts; this endpoint takes one")
+    return prompts[0]
+
+
+def _one_prompt(engine: Engine, prompt, where: str) -> list[int]:
+    if isinstance(prompt, dict):
+        prompt = _object_prompt(prompt, where)
+    parts = [prompt] if isinstance(prompt, (str, int)) else prompt
+    if not isinstance(parts, list) or not all(isinstance(p, (str, int)) and
+                                              not isinstance(p, bool) for p in parts):
+        raise ApiError(400, f"{where}: expected text, token ids, or a list mixing both")
     tok = engine.tok
     ids: list[int] = []
-    for i, part in enumerate(prompt):
+    for i, part in enumerate(parts):
         if isinstance(part, str):
             if part:
                 ids.extend(tok.encode(part, add_special=i == 0, parse_special=True))
         else:
             ids.append(part)
     if not ids:
-        raise ApiError(400, "the prompt is empty; give some text or token ids")
+        raise ApiError(400, f"{where}: the prompt is empty; give some text or token ids")
     return ids
 
 
+def _object_prompt(prompt: dict, where: str) -> str:
+    """{"prompt_string": text} or {"content": [{"type": "text", "text": ...}, ...]}; media
+    parts are refused (no multimodal projector here)."""
+    if prompt.get(MULTIMODAL):
+        raise ApiError(400, f"{where}.{MULTIMODAL}: this server has no multimodal projector; "
+                            "send text or token ids")
+    if PROMPT_STRING not in prompt and "content" in prompt:
+        parts = prompt["content"]
+        if not isinstance(parts, list):
+            raise ApiError(400, f"{where}.content: expected a list of parts "
+                                "([{\"type\": \"text\", \"text\": ...}])")
+        texts = []
+        for i, part in enumerate(parts):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind in ("image_url", "input_audio", "input_video", "image", "audio"):
+                raise ApiError(400, f"{where}.content[{i}]: a {kind} part, but this server "
+                                    "has no multimodal projector; send text")
+            else:
+                raise ApiError(400, f"{where}.content[{i}]: expected a text part "
+                                    "({\"type\": \"text\", \"text\": string})")
+        return "".join(texts)
+    text = prompt.get(PROMPT_STRING)
+    if not isinstance(text, str):
+        raise ApiError(400, f"{where}: an object prompt needs '{PROMPT_STRING}' (a string) or "
+                            "'content' (a list of text parts)")
+    return text
+
+
 def chat_text(engine: Engine, body: ChatBody) -> str:
-    """The messages rendered by the model's chat template, the assistant's turn opened."""
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    """The messages rendered by the model's chat template: the assistant's turn opened (unless
+    add_generation_prompt is false), or, when the last message is the assistant's (or
+    continue_final_message is set), that message continued: the template renders the turns
+    before it and its text follows the opened turn, as llama-server's prefill."""
+    msgs = body.messages
+    cont = body.continue_final_message
+    if cont and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
+        raise ApiError(400, "add_generation_prompt and continue_final_message cannot both be "
+                            "true")
+    if cont is None and msgs[-1].role == "assistant":
+        if len(msgs) >= 2 and msgs[-2].role == "assistant":
+            raise ApiError(400, "messages: two or more assistant messages at the end; the "
+                                "last one is continued, so the one before must not be")
+        cont = True
+    if cont and msgs[-1].role != "assistant":
+        raise ApiError(400, "continue_final_message: the last message must be the assistant's")
+    head = msgs[:-1] if cont else msgs
+    messages = [{"role": m.role, "content": m.text()} for m in head]
     try:
-        return engine.tok.apply_chat_template(messages, add_generation_prompt=True)
+        text = engine.tok.apply_chat_template(
+            messages, add_generation_prompt=bool(cont) or body.add_generation_prompt,
+            **body.chat_template_kwargs)
     except TandemError as e:
         raise ApiError(400, f"messages: {e}") from None
+    return text + msgs[-1].text("\n\n") if cont else text
 
 
 def chat_ids(engine: Engine, body: ChatBody) -> list[int]:
-    text = chat_text(engine, body)
-    ids = engine.tok.encode(text, add_special=False, parse_special=True)
+    ids = engine.tok.encode(chat_text(engine, body), add_special=False, parse_special=True)
     if not ids:
         raise ApiError(400, "the chat template produced an empty prompt")
     return ids
@@ -108,7 +176,8 @@ def check_prompt(engine: Engine, ids: list[int]) -> None:
 
 
 def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predict: int | None,
-                  n_probs: int = 0, defaults: SamplingParams | None = None) -> Request:
+                  n_probs: int = 0, defaults: SamplingParams | None = None,
+                  post_sampling: bool = False) -> Request:
     from ..engine import Request
 
     check_prompt(engine, ids)
@@ -118,4 +187,5 @@ def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predic
                             f"slot(s): 0..{n_slots - 1}, or -1 for any")
     defaults = SamplingParams() if defaults is None else defaults
     return Request(ids, sampling_of(body, n_predict, defaults), spec_of(body, engine),
-                   cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs)
+                   cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs,
+                   post_sampling=post_sampling)

@@ -47,6 +47,10 @@ def completion_result(seq: Sequence, engine: Engine) -> dict:
                                                      engine.cfg.ctx_size)
     out["generation_settings"]["n_probs"] = seq.req.n_probs
     out["generation_settings"]["cache_prompt"] = seq.req.cache_prompt
+    # llama-server's report of ignore_eos: a -inf bias (null in JSON) on every EOG token
+    out["generation_settings"]["logit_bias"] = [
+        {"token": t, "bias": None} for t in sorted(engine.tok.eog_ids)
+    ] if seq.req.sampling.ignore_eos else []
     if seq.req.n_probs:
         out["completion_probabilities"] = probabilities(engine, seq.logprobs)
     return out
@@ -73,6 +77,7 @@ def spec_settings(spec: SpecConfig, draft_path: str | None) -> dict:
     reads the whole prompt; draft_vocab 0: the draft proposes from the whole vocabulary."""
     view = dataclasses.asdict(spec)
     view["type"] = ",".join(view.pop("types"))
+    view["p_min"] = spec.draft_p_min  # the floor in use (unset: 0, or 0.75 under auto)
     return {"type": view.pop("type"), "enabled": spec.enabled, "draft_model": draft_path,
             **view}
 

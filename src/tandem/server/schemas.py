@@ -55,6 +55,8 @@ class SamplingFields(_Body):
     stop: str | list[str] | None = None
     ignore_eos: bool = _S.ignore_eos
     stream: bool = False
+    timings_per_token: bool = False  # streamed chunks carry the timings so far
+    return_progress: bool = False  # streams report how far the prompt has been read
     cache_prompt: bool = True
     id_slot: int = Field(-1, ge=-1)
     # llama.cpp spells per-request speculation as flat dotted keys ("speculative.n_max": 8):
@@ -106,23 +108,31 @@ def refuse_unsupported(data: dict) -> None:
                                 f"{json.dumps(fmt)[:80]}")
 
 
+# a prompt as llama-server takes it: text, token ids, a mix of both, {"prompt_string": text}, or
+# a list of those (several prompts, one answer each); prepare.prompt_list sorts them out
+MAX_CHOICES = 16  # n: answers to one request (each a generation of its own)
+Prompt = str | dict[str, Any] | list[int | str | list[int | str] | dict[str, Any]]
+
+
 class CompletionBody(SamplingFields):
     """POST /completion (llama.cpp)."""
 
-    prompt: str | list[int | str]
+    prompt: Prompt
     n_predict: int | None = Field(None, ge=-1)  # None: the server's -n (default -1)
     n_probs: int = Field(0, ge=0, le=100)
+    post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities
     return_tokens: bool = False  # the answer's token ids in "tokens" (else [])
+    response_fields: list[str] | None = None  # only these fields ("a/b" reaches into a["b"])
 
 
 class OaiCompletionBody(SamplingFields):
     """POST /v1/completions (OpenAI legacy completions)."""
 
     model: str | None = None
-    prompt: str | list[int | str] | list[list[int]]
+    prompt: Prompt
     max_tokens: int | None = Field(None, ge=-1)
     n_predict: int | None = Field(None, ge=-1)
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     stream_options: dict | None = None
@@ -139,9 +149,9 @@ class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
-    def text(self) -> str:
+    def text(self, joiner: str = "") -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return joiner.join(p.text for p in self.content)
         return self.content or ""
 
 
@@ -153,12 +163,18 @@ class ChatBody(SamplingFields):
     max_tokens: int | None = Field(None, ge=-1)
     max_completion_tokens: int | None = Field(None, ge=-1)
     n_predict: int | None = Field(None, ge=-1)
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream_options: dict | None = None
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    add_generation_prompt: bool = True
+    # continue the last (assistant) message instead of opening a new turn (vLLM's and
+    # transformers' name; a trailing assistant message is continued without it too)
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    verbose: bool = False  # "__verbose": the rendered prompt and the raw result
 
 
 def parse_body(raw: bytes, model: type[_Body]) -> Any:
@@ -176,7 +192,7 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
 
 
 _HINTS = {
-    "n": "only n = 1 is supported; send one request per completion",
+    "n": f"at most {MAX_CHOICES} answers per request",
     "presence_penalty": "penalties are not implemented; leave it at 0",
     "frequency_penalty": "penalties are not implemented; leave it at 0",
 }

@@ -30,6 +30,14 @@ class ServerSettings:
     # --ignore-eos): every request's defaults for the fields it does not send
     sampling: SamplingParams = field(default_factory=SamplingParams)
     slots_endpoint: bool = True  # --no-slots turns GET /slots off, as llama-server
+    tags: list[str] = field(default_factory=list)  # --tags, reported by GET /v1/models
+    metrics_endpoint: bool = False  # --metrics turns GET /metrics on, as llama-server
+    embeddings: bool = False  # --embedding: serve /v1/embeddings and /embedding(s)
+    pooling: str = "last"  # --pooling: how an embedding pools the hidden states
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])  # --cors-origins
+    slot_save_path: str | None = None  # --slot-save-path: where slot files go
+    chat_template: str | None = None  # --chat-template(-file): replaces the model's
+    verbose: bool = False  # -v: answers carry "__verbose" (the prompt and the raw result)
 
 
 @dataclass(slots=True)
@@ -45,7 +53,12 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        return self.settings.alias or self.model_path or self.settings.model
+        return min(self.aliases) if self.aliases else self.model_path or self.settings.model
+
+    @property
+    def aliases(self) -> list[str]:
+        """--alias a,b,c: every name the model answers to (llama-server's)."""
+        return sorted({a.strip() for a in (self.settings.alias or "").split(",") if a.strip()})
 
     def ready(self):
         """(engine, worker), or a 503 while the models are loading."""

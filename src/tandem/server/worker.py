@@ -16,6 +16,7 @@ step. A job waits at most `timeout` seconds in total (queue + generation).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -42,6 +43,23 @@ class Delta:
     tokens: list[int]
     from_draft: list[bool]
     logprobs: list[TokenLogprobs]
+    timings: dict | None = None  # the sequence's timings so far (timings_per_token)
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far a streamed job's prompt has been read (llama-server's prompt_progress), sent
+    when asked for (return_progress): when it is admitted, after each pass that read some of
+    it, and when its first token comes (processed == total)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def as_dict(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed,
+                "time_ms": self.time_ms}
 
 
 @dataclass(slots=True)
@@ -66,11 +84,13 @@ class Job:
     timeout: float
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     id: int = field(default_factory=lambda: next(_ids))
+    progress: bool = False  # send Progress events (return_progress)
     cancelled: bool = False  # set by the HTTP side, read by the worker
     finished: bool = False  # set by the worker when Done/Failed was pushed
     seq: Sequence | None = None
+    reported: int = -1  # prompt tokens the last Progress said were processed
 
-    def push(self, event: Delta | Done | Failed) -> None:
+    def push(self, event: Delta | Progress | Done | Failed) -> None:
         if isinstance(event, (Done, Failed)):
             self.finished = True
         try:
@@ -91,6 +111,7 @@ class Worker:
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # slot -> job
+        self._calls: deque[tuple] = deque()  # (fn, future): run on this thread between steps
         self._stopping = False
         self._slots_view: list[dict] = []
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
@@ -129,6 +150,17 @@ class Worker:
                 self.metrics.queue(len(self._running), len(self._pending))
             self._cond.notify_all()
 
+    def call(self, fn) -> concurrent.futures.Future:
+        """Run fn() on the engine's thread between two steps (embeddings, slot files): the
+        one way other threads touch the engine. The future holds its result or exception."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            self._calls.append((fn, fut))
+            self._cond.notify_all()
+        return fut
+
     def slots(self) -> list[dict]:
         """A snapshot of the slots, taken by the worker after its last step."""
         return self._slots_view
@@ -138,7 +170,7 @@ class Worker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._pending or self._running):
+                while not (self._stopping or self._pending or self._running or self._calls):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -150,6 +182,7 @@ class Worker:
         self._shutdown()
 
     def _iterate(self) -> None:
+        self._run_calls()
         self._expire()
         while (job := self._next_admissible()) is not None:
             self._admit(job)
@@ -160,6 +193,22 @@ class Worker:
             with self._cond:
                 self._cond.wait(0.05)
         self._publish()
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                fn, fut = self._calls.popleft()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # handed to the caller, who answers with it
+                    fut.set_exception(e)
+
+    def busy(self, slot: int) -> bool:
+        """Whether a request holds `slot` (worker thread only)."""
+        return slot in self._running
 
     def _next_admissible(self) -> Job | None:
         """The oldest pending job whose slot (any, or the one it asked for) is free."""
@@ -199,6 +248,8 @@ class Worker:
             job.push(Failed(ApiError(500, f"internal error while processing the prompt: {e}")))
             return
         job.seq = seq
+        if job.progress:
+            self._push_progress(job)
         if seq.done:  # n_predict 0: nothing to generate
             self._finish(job)
         else:
@@ -215,6 +266,9 @@ class Worker:
             self._fail_running(ApiError(500, f"internal error while generating: {e}"))
             return
         self.metrics.step(n_active)
+        for job in list(self._running.values()):
+            if job.progress and job.reported < job.seq.n_prompt:
+                self._push_progress(job)
         for seq in seqs:
             job = self._running.get(seq.slot)
             if job is None:
@@ -232,7 +286,20 @@ class Worker:
             return
         tokens = seq.output[len(seq.output) - n:]
         job.push(Delta(text, tokens, seq.from_draft[len(seq.from_draft) - n:],
-                       seq.logprobs[len(seq.logprobs) - n:] if seq.req.n_probs else []))
+                       seq.logprobs[len(seq.logprobs) - n:] if seq.req.n_probs else [],
+                       seq.timings()))
+
+    def _push_progress(self, job: Job) -> None:
+        seq = job.seq
+        # the last prompt token is read by the pass that gives the first token
+        done = seq.output or seq.done
+        processed = seq.n_prompt if done else seq.prefill_at
+        if processed == job.reported:
+            return
+        job.reported = processed
+        cache = seq.n_prompt - seq.n_prompt_processed
+        job.push(Progress(seq.n_prompt, cache, processed,
+                          1e3 * (time.perf_counter() - seq.t_start)))
 
     def _finish(self, job: Job) -> None:
         seq = job.seq
@@ -293,6 +360,11 @@ class Worker:
         for job in pending:
             job.push(Failed(error))
         self._fail_running(error)
+        with self._cond:
+            calls = list(self._calls)
+            self._calls.clear()
+        for _, fut in calls:
+            fut.cancel()
 
 
 def _summary(seq: Sequence) -> str:

@@ -71,8 +71,11 @@ class DraftModelProposer:
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
                  prefill_chunk: int = 512, window: int = 0, vocab: int = 0,
-                 lazy: bool = False) -> None:
+                 lazy: bool = False, banned: tuple[int, ...] = ()) -> None:
         self.model, self.cache, self.slot = model, cache, slot
+        # ids never proposed: the end-of-generation tokens of a request that ignores EOS,
+        # which the target's rows mask out (so proposing one would only waste the draft)
+        self.banned = torch.tensor(sorted(banned), dtype=torch.long)
         self.lazy = lazy  # begin() only records the prompt; the first propose catches up
         self.vocab = vocab  # > 0: propose from a Shortlist of this many first ids (+ used ones)
         self.short: Shortlist | None = None
@@ -138,6 +141,11 @@ class DraftModelProposer:
             h = self.model(x, self.cache, [self.slot], [start], logits="hidden")[0]
             logits = self.short.logits(h)
         self.cache.append(self.slot, ids)
+        if len(self.banned):
+            logits = logits.clone()
+            where = (self.banned[self.banned < logits.shape[-1]] if self.short is None
+                     else torch.isin(self.short.ids, self.banned).nonzero()[:, 0])
+            logits[where] = float("-inf")
         return logits
 
     def propose(self, k: int) -> Draft:

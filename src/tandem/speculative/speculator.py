@@ -88,10 +88,12 @@ class Speculation:
                 n_max = spec.suffix_max
             elif t == "draft-simple":  # resolved specs name it only when there is a draft
                 p = DraftModelProposer(self.draft.model, self.draft_cache, slot, sampling, gen,
-                                       spec.n_max, spec.n_min, spec.p_min,
+                                       spec.n_max, spec.n_min, spec.draft_p_min,
                                        prefill_chunk=self.prefill_chunk,
                                        window=spec.draft_window, vocab=spec.draft_vocab,
-                                       lazy=spec.adaptive)
+                                       lazy=spec.adaptive,
+                                       banned=tuple(self.draft.tokenizer.eog_ids)
+                                       if sampling.ignore_eos else ())
                 n_max = spec.n_max
             else:
                 continue

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Stand in for the llama-server binary under llama.cpp's own server test suite.
+
+llama.cpp's `tools/server/tests/utils.py` starts the binary named by LLAMA_SERVER_BIN_PATH
+with llama-server's flags. This shim passes every flag through to `tandem serve` unchanged,
+except the model download flags (`--hf-repo`, `--hf-file`, `--model-url`), which name models
+that no machine here can fetch: each suite model is replaced by a local one of the same kind.
+Nothing else is dropped or rewritten, so an unsupported flag fails the test as it should.
+
+Usage: LLAMA_SERVER_BIN_PATH=experiments/llama_suite/shim.py pytest ... (see run.sh)
+"""
+import os
+import sys
+
+TANDEM = os.environ.get("TANDEM_BIN", os.path.join(os.path.dirname(sys.executable), "tandem"))
+
+# suite model (hf repo or file substring) -> local model name known to `tandem models`
+REPLACE = [
+    ("infill", "default-draft"),  # fill-in-the-middle needs FIM tokens: Qwen2.5-Coder-0.5B
+    ("tinygemma3", "gemma3-270m"),
+    ("", "smollm2-135m"),  # everything else: stories260K, stories15M_MOE, bert, jina
+]
+
+
+def main(argv):
+    out, model_hint, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--hf-repo", "-hfr", "--hf-file", "-hff", "--model-url", "-mu"):
+            model_hint = (model_hint or "") + " " + argv[i + 1]
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    if "--model" not in out and "-m" not in out:
+        # a download is replaced by its local stand-in; the suite's multi-model "router"
+        # preset (no model at all) gets the small model too: Tandem serves one model
+        name = next(local for key, local in REPLACE if key in (model_hint or ""))
+        out = ["--model", name, *out]
+    sys.stderr.write(f"shim: tandem serve {' '.join(out)}\n")
+    sys.stderr.flush()
+    os.execv(TANDEM, [TANDEM, "serve", *out])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
