@@ -275,3 +275,20 @@ def test_ignore_eos_masks_every_end_of_generation_token(models, monkeypatch):
     assert len(kept.output) == 6 and not set(kept.output) & set(eog)
     ended = e.generate(Request([5, 6, 7], SamplingParams(n_predict=6, **GREEDY)))
     assert ended.output == [eog[0]] and ended.stop_type == "eos"
+
+
+def test_a_seed_gives_the_same_sampled_text_with_free_speculation(models):
+    """n-gram and suffix drafts are verified by drawing the target's own token row by row, one
+    number per emitted token: the same seed gives the same sampled text as the target alone
+    (llama-server's guarantee), while the drafts are accepted where they match."""
+    prompt = [9, 10, 11, 12, 9, 10, 11, 12, 9, 10, 11, 12, 9, 10]  # repetition: drafts happen
+    sp = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, n_predict=40, ignore_eos=True)
+    for seed in (1, 2, 3):
+        alone = run(engine(models, "none"), prompt, seed=seed, **sp)
+        for types in ("ngram-simple", "suffix"):
+            e = engine(models, types, ngram_min=1)
+            seq = e.generate(Request(list(prompt), SamplingParams(seed=seed, **sp),
+                                     cache_prompt=False))
+            assert seq.output == alone, (types, seed)
+            assert seq.stats.n_drafted > 0
+        assert alone != run(engine(models, "none"), prompt, seed=seed + 10, **sp)

@@ -76,14 +76,19 @@ def test_running_streams_keep_producing_while_a_long_prompt_is_read(target):
     assert c.output == alone.output
 
 
-def test_a_prompt_alone_goes_in_large_chunks(target):
-    """With no stream to protect, a prompt is read prefill_chunk tokens per pass."""
-    e = _engine(target, n_parallel=2, batch=4)
+@pytest.mark.parametrize("batch,chunks", [(512, [399]), (64, [64, 128, 192, 256, 320, 384, 399])])
+def test_a_prompt_alone_goes_in_batch_size_chunks(target, batch, chunks):
+    """With no stream to protect, a prompt is read --batch-size tokens per pass, as
+    llama-server's -b (512 by default: the whole of this one at once)."""
+    e = _engine(target, n_parallel=2, batch=batch)
     rng = random.Random(2)
     seq = e.add(Request(_prompt(rng, 400, target.args.vocab_size),
                         SamplingParams(temperature=0.0, n_predict=2)))
-    e.step()
-    assert seq.prefill_at == 399  # the whole prompt (all but its last token) in one pass
+    seen = []
+    while seq.prefilling:
+        e.step()
+        seen.append(seq.prefill_at)
+    assert seen == chunks  # all but the prompt's last token, which the first step reads
 
 
 def _run_schedule(model, reqs: list[Request], arrivals: list[int], batch: int,

@@ -551,3 +551,80 @@ def test_ignore_eos_is_reported_as_llama_servers_logit_bias(built):
     eos_id = ok(post(s, "/tokenize", {"content": eos, "parse_special": True}))["tokens"]
     assert eos_id[0] in [e["token"] for e in on]
     assert greedy(s, PROMPTS[0], 4)["generation_settings"]["logit_bias"] == []
+
+
+def test_same_seed_same_sampled_text_with_or_without_ngram_speculation(built):
+    body = {"prompt": "a b c d a b c d a b c d a b", "n_predict": 24, "temperature": 0.9,
+            "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 11, "cache_prompt": False,
+            "ignore_eos": True, "return_tokens": True}
+    spec = ok(post(built.full, "/completion", body))
+    alone = ok(post(built.full, "/completion", {**body, "speculative.type": "none"}))
+    assert spec["tokens"] == alone["tokens"]
+    assert "draft_n" not in alone["timings"] and spec["timings"]["draft_n"] > 0
+
+
+def test_templates_get_todays_date_and_llama_servers_builtin_names(tmp_path):
+    """--chat-template-file with a template that prints date_string (Llama 3.x's) shows today,
+    as llama-server's; a request's chat_template_kwargs wins; built-in names render."""
+    from datetime import date
+
+    from tandem.server.prepare import chat_text
+    from tandem.server.schemas import ChatBody
+    from tandem.tokenizer import BUILTIN_TEMPLATES
+
+    template = ("{% if not date_string is defined %}{% set date_string = '26 Jul 2024' %}"
+                "{% endif %}Today: {{ date_string }}|{{ messages[0]['content'] }}")
+    tok = SimpleNamespace(apply_chat_template=lambda m, add_generation_prompt, **kw:
+                          __import__("jinja2").Template(template).render(messages=m, **kw))
+    engine = SimpleNamespace(tok=tok)
+    body = ChatBody.model_validate({"messages": [{"role": "user", "content": "hi"}]})
+    assert chat_text(engine, body) == f"Today: {date.today().strftime('%d %b %Y')}|hi"
+    fixed = ChatBody.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                     "chat_template_kwargs": {"date_string": "1 Jan 2000"}})
+    assert chat_text(engine, fixed) == "Today: 1 Jan 2000|hi"
+    import jinja2
+
+    msgs = [{"role": "system", "content": "You are a test."},
+            {"role": "user", "content": "Hi there"}]
+    cr = jinja2.Template(BUILTIN_TEMPLATES["command-r"]).render(messages=msgs,
+                                                                 add_generation_prompt=True)
+    assert cr == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+                  "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+                  "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    l3 = jinja2.Template(BUILTIN_TEMPLATES["llama3"]).render(messages=msgs,
+                                                              add_generation_prompt=True)
+    assert l3 == ("<|start_header_id|>system<|end_header_id|>\n\nYou are a test.<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+@pytest.mark.parametrize("reasoning,opens,expected_end", [
+    ("auto", True, "<|Assistant|><think>\n"),  # DeepSeek-R1's template opens a thought
+    ("auto", "knows", "<|Assistant|><think>\n"),  # llama.cpp's copy: closed unless thinking
+    ("off", "knows", "<|Assistant|><think>\n</think>"),
+    ("on", True, "<|Assistant|><think>\n"),
+    ("off", True, "<|Assistant|><think>\n</think>"),  # closed, empty, as llama-server
+    ("auto", False, "<|im_start|>assistant\n"),  # Qwen3's: thinking is its own default
+    ("off", False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),  # enable_thinking False
+])
+def test_reasoning_flag(reasoning, opens, expected_end):
+    import jinja2
+
+    from tandem.server.prepare import chat_text
+    from tandem.server.schemas import ChatBody
+
+    if opens == "knows":
+        template = ("{{ messages[0]['content'] }}<|Assistant|><think>\n"
+                    "{% if not enable_thinking %}</think>{% endif %}")
+    elif opens:
+        template = "{{ messages[0]['content'] }}<|Assistant|><think>\n"
+    else:
+        template = ("{{ messages[0]['content'] }}<|im_start|>assistant\n"
+                    "{% if enable_thinking is defined and not enable_thinking %}"
+                    "<think>\n\n</think>\n\n{% endif %}")
+    tok = SimpleNamespace(chat_template=template, apply_chat_template=lambda m, **kw:
+                          jinja2.Template(template, keep_trailing_newline=True)
+                          .render(messages=m, **kw))
+    body = ChatBody.model_validate({"messages": [{"role": "user", "content": "Q"}]})
+    text = chat_text(SimpleNamespace(tok=tok), body, reasoning)
+    assert text == "Q" + expected_end

@@ -381,7 +381,7 @@ class EngineConfig:
     batch_size: int = field(default=512, metadata=flag(
         "-b", "--batch-size",
         help="the most rows one target pass carries: a prompt read alone goes in chunks of "
-             "this size (at least 512); while other slots generate, their decode and "
+             "this size, as llama-server's; while other slots generate, their decode and "
              "verification rows come first, then a chunk of a waiting prompt sized to take "
              "about twice their time (measured), within this limit, so running streams keep "
              "getting tokens while a long prompt is read"))

@@ -419,7 +419,7 @@ class Engine:
         (`_prompt_share`), within `batch_size` rows in all, and those rows carry no draft; so a
         new prompt costs the running streams passes three times as long while it is read, not
         a silence as long as the prompt. With no sequence generating, a prompt goes in
-        chunks of max(batch_size, prefill_chunk). Each row is computed as it would be alone,
+        chunks of batch_size (llama-server's -b: 512 by default). Each row is computed as it would be alone,
         so the outputs do not depend on what shares the pass. Returns the active sequences
         (check .done, take_text())."""
         seqs = self.active()
@@ -430,7 +430,7 @@ class Engine:
         waiting = sum(s.n_prompt - 1 - s.prefill_at for s in filling)
         limit = self.cfg.batch_size
         if not gen:
-            prompt_rows, draft_room = min(waiting, max(limit, self.cfg.prefill_chunk)), 0
+            prompt_rows, draft_room = min(waiting, limit), 0
         elif filling:  # no drafts: the prompt's chunk takes their time (see _prompt_share)
             prompt_rows = min(waiting, self._prompt_share(len(gen), limit - len(gen)))
             draft_room = 0

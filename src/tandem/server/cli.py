@@ -105,6 +105,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (text) to use instead of the model's, or one of "
                         "llama-server's built-in names: chatml, llama3, command-r, gemma, phi3")
+    g.add_argument("--reasoning", "-rea", default="auto", choices=("on", "off", "auto"),
+                   help="thinking in chat templates that have it (Qwen3, DeepSeek-R1, QwQ, "
+                        "Command R7B): on/off set the template's enable_thinking, off also "
+                        "closes a thought the template opens; auto leaves the template be")
     g.add_argument("--tags", default=None,
                    help="comma-separated tags GET /v1/models reports for the model")
     g = p.add_argument_group("default sampling (each request's, where it sends none)")
@@ -219,7 +223,8 @@ def _settings(a: argparse.Namespace):
                           metrics_endpoint=a.metrics, embeddings=a.embedding,
                           pooling=a.pooling,
                           cors_origins=[o.strip() for o in a.cors_origins.split(",") if o.strip()],
-                          slot_save_path=a.slot_save_path, chat_template=chat_template)
+                          slot_save_path=a.slot_save_path, chat_template=chat_template,
+                          reasoning=a.reasoning)
 
 
 def _chat_template(a: argparse.Namespace) -> str | None:

@@ -82,7 +82,7 @@ async def apply_template(http: HttpRequest):
     state = _state(http)
     engine, _ = state.ready()
     body: ChatBody = parse_body(await read_body(http, state), ChatBody)
-    return {"prompt": await off_loop(chat_text, engine, body)}
+    return {"prompt": await off_loop(chat_text, engine, body, state.settings.reasoning)}
 
 
 @router.post("/chat/completions/input_tokens")
@@ -92,7 +92,8 @@ async def chat_input_tokens(http: HttpRequest):
     state = _state(http)
     engine, _ = state.ready()
     body: ChatBody = parse_body(await read_body(http, state), ChatBody)
-    return {"input_tokens": len(await off_loop(chat_ids, engine, body))}
+    return {"input_tokens": len(await off_loop(chat_ids, engine, body,
+                                               state.settings.reasoning))}
 
 
 @router.post("/v1/chat/completions")
@@ -101,7 +102,7 @@ async def chat_completions(http: HttpRequest):
     state = _state(http)
     engine, _ = state.ready()
     body: ChatBody = parse_body(await read_body(http, state), ChatBody)
-    ids = await off_loop(chat_ids, engine, body)
+    ids = await off_loop(chat_ids, engine, body, state.settings.reasoning)
     n_probs = (body.top_logprobs or 1) if body.logprobs else 0
     n_predict = n_predict_of(body.max_completion_tokens, body.max_tokens, body.n_predict)
     _one_stream(body, body.n)

@@ -7,6 +7,7 @@ the vocabulary, and a per-request spec type must be one the loaded models can se
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams, SpecConfig
@@ -128,11 +129,14 @@ def _object_prompt(prompt: dict, where: str) -> str:
     return text
 
 
-def chat_text(engine: Engine, body: ChatBody) -> str:
+def chat_text(engine: Engine, body: ChatBody, reasoning: str = "auto") -> str:
     """The messages rendered by the model's chat template: the assistant's turn opened (unless
     add_generation_prompt is false), or, when the last message is the assistant's (or
     continue_final_message is set), that message continued: the template renders the turns
-    before it and its text follows the opened turn, as llama-server's prefill."""
+    before it and its text follows the opened turn, as llama-server's prefill.
+    reasoning (--reasoning): the template's enable_thinking is true unless "off" (as
+    llama-server's), and "off" also closes a thought the template opens (an empty
+    <think>\n</think>, or Command R7B's empty thinking block), as llama-server does."""
     msgs = body.messages
     cont = body.continue_final_message
     if cont and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
@@ -147,17 +151,29 @@ def chat_text(engine: Engine, body: ChatBody) -> str:
         raise ApiError(400, "continue_final_message: the last message must be the assistant's")
     head = msgs[:-1] if cont else msgs
     messages = [{"role": m.role, "content": m.text()} for m in head]
+    # llama-server gives templates today's date (Llama 3.x prints it); a request may override
+    extra = {"date_string": datetime.now().strftime("%d %b %Y"), **body.chat_template_kwargs}
+    # thinking on unless --reasoning off: llama-server's default where a template has it
+    extra.setdefault("enable_thinking", reasoning != "off")
     try:
         text = engine.tok.apply_chat_template(
-            messages, add_generation_prompt=bool(cont) or body.add_generation_prompt,
-            **body.chat_template_kwargs)
+            messages, add_generation_prompt=bool(cont) or body.add_generation_prompt, **extra)
     except TandemError as e:
         raise ApiError(400, f"messages: {e}") from None
-    return text + msgs[-1].text("\n\n") if cont else text
+    if cont:
+        return text + msgs[-1].text("\n\n")
+    if reasoning == "off" and body.add_generation_prompt:
+        if text.endswith("<think>\n"):  # DeepSeek-R1, QwQ: the template opens a thought
+            text += "</think>"
+        elif (text.endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+              and "<|START_THINKING|>" in (engine.tok.chat_template or "")):
+            text += "<|START_THINKING|><|END_THINKING|>"
+    return text
 
 
-def chat_ids(engine: Engine, body: ChatBody) -> list[int]:
-    ids = engine.tok.encode(chat_text(engine, body), add_special=False, parse_special=True)
+def chat_ids(engine: Engine, body: ChatBody, reasoning: str = "auto") -> list[int]:
+    ids = engine.tok.encode(chat_text(engine, body, reasoning), add_special=False,
+                            parse_special=True)
     if not ids:
         raise ApiError(400, "the chat template produced an empty prompt")
     return ids

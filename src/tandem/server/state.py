@@ -37,6 +37,7 @@ class ServerSettings:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])  # --cors-origins
     slot_save_path: str | None = None  # --slot-save-path: where slot files go
     chat_template: str | None = None  # --chat-template(-file): replaces the model's
+    reasoning: str = "auto"  # --reasoning: on | off | auto (the template's own default)
     verbose: bool = False  # -v: answers carry "__verbose" (the prompt and the raw result)
 
 

@@ -25,11 +25,16 @@ Drafted a or b: p/q = 3 or 1.5 -> always accepted. Drafted c: accepted with prob
 P(reject) = q(c) * 5/6 = 0.5. Check a: P(emit a) = q(a) * 1 + 0.5 * 0.8 = 0.6 = p(a);
 b: 0.2 + 0.5 * 0.2 = 0.3 = p(b); c: 0.6 * 1/6 = 0.1 = p(c).
 
-A deterministic proposer (n-gram; draft_probs None) has q = one-hot at x, so x is accepted with
-probability p(x) and the recovered token comes from p with x removed. That is the same as
-drawing the target's own token y ~ p and accepting iff y == x, which is how it is computed
-here: the emitted token is then exactly the target's own sample, and greedy is the same rule
-with the argmax as "the sample".
+A deterministic proposer (n-gram, suffix; draft_probs None) has q = one-hot at x, so x is
+accepted with probability p(x) and the recovered token comes from p with x removed. That is the
+same as drawing the target's own token y ~ p and accepting iff y == x, which is how it is
+computed here: the emitted token is then exactly the target's own sample, and greedy is the
+same rule with the argmax as "the sample". The rows are drawn one at a time, only while they
+match, so a request draws exactly one number per emitted token, as it does without
+speculation: the same seed gives the same text with n-gram or suffix speculation as without
+(llama-server's guarantee too). A draft model's sampled draft (draft_probs given) is verified by
+rejection sampling instead, which accepts more (sum_x min(p, q) rather than p(x)) but draws
+differently: the same distribution, not the same text for a seed.
 """
 
 from __future__ import annotations
@@ -84,10 +89,28 @@ def verify_batch(draft: torch.Tensor, draft_probs: torch.Tensor | None,
         return _leading(draft, draft == target[:, :-1], target)
     p = logits_to_probs(target_logits, params)  # (B, k+1, V)
     if draft_probs is None:
-        target = sample_rows(p, gen)  # (B, k+1) the target's own sample at every row
+        target = _match_sample(draft, p, gen)  # the target's own samples, while they match
         return _leading(draft, draft == target[:, :-1], target)
     accepted, extra = _rejection_sample(draft, p, draft_probs.to(p), gen)
     return _leading(draft, accepted, extra)
+
+
+def _match_sample(draft: torch.Tensor, p: torch.Tensor,
+                  gen: torch.Generator | None) -> torch.Tensor:
+    """(B, k+1) the target's own sample at each row, drawn row by row for the sequences whose
+    earlier rows all matched their draft (-1 where no longer drawn): one number per emitted
+    token, as without speculation."""
+    B, k = draft.shape
+    out = torch.full((B, k + 1), -1, dtype=torch.long, device=p.device)
+    active = torch.arange(B, device=p.device)
+    for i in range(k + 1):
+        out[active, i] = t = sample_rows(p[active, i], gen)
+        if i == k:
+            break
+        active = active[t == draft[active, i]]
+        if not len(active):
+            break
+    return out
 
 
 def _rejection_sample(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
