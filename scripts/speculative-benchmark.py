@@ -234,7 +234,9 @@ def read_prompts_file(path: str) -> list[dict]:
 
 def parse_prompt_line(line: str, where: str, seen: set[str]) -> dict:
     def bad(what: str) -> BenchError:
-        expected = '{"task": "name", "prompt": "text", "n_predict": 256} (n_predict optional)'
+        expected = ('{"task": "name", "prompt": "text", "n_predict": 256, "request": {...}} '
+                    '(n_predict optional; request: more fields for the request body, e.g. '
+                    '"json_schema")')
         return BenchError(f"{where}: {what}; expected {expected}", EXIT_USAGE)
 
     try:
@@ -250,14 +252,20 @@ def parse_prompt_line(line: str, where: str, seen: set[str]) -> dict:
         raise bad(f'task {task!r} appears twice')
     if not isinstance(prompt, str) or not prompt:
         raise bad(f'"prompt" must be a non-empty string, got {prompt!r}')
-    unknown = sorted(set(item) - {"task", "prompt", "n_predict"})
+    unknown = sorted(set(item) - {"task", "prompt", "n_predict", "request"})
     if unknown:
         raise bad(f"unknown field(s) {', '.join(unknown)}")
+    out = {"task": task, "prompt": prompt}
+    extra = item.get("request")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise bad(f'"request" must be an object of request fields, got {extra!r}')
+        out["request"] = extra
     if n_predict is None:
-        return {"task": task, "prompt": prompt}
+        return out
     if not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict < 1:
         raise bad(f'"n_predict" must be a positive integer, got {n_predict!r}')
-    return {"task": task, "prompt": prompt, "n_predict": n_predict}
+    return {**out, "n_predict": n_predict}
 
 
 def http_json(url: str, body: dict | None, timeout: float) -> tuple[int, object]:
@@ -321,6 +329,7 @@ def completion_body(task: dict, seed: int, stream: bool = False) -> dict:
         "seed": seed,
         "stream": stream,
         "cache_prompt": False,
+        **task.get("request", {}),  # e.g. a json_schema or grammar
     }
 
 

@@ -135,6 +135,7 @@ def test_request_timeout_fails_cleanly(tmp_path):
     ('{"task": "ok", "prompt": "x"}', "p.jsonl:2: task 'ok' appears twice"),
     ('{"task": "b", "prompt": "x", "n_predict": 0}', '"n_predict" must be a positive integer'),
     ('{"task": "b", "prompt": "x", "temp": 1}', "unknown field(s) temp"),
+    ('{"task": "b", "prompt": "x", "request": [1]}', '"request" must be an object'),
 ])
 def test_bad_prompts_file_is_refused_before_any_request(tmp_path, line, phrase):
     prompts = write_prompts(tmp_path / "p.jsonl", ['{"task": "ok", "prompt": "fine"}', line])
@@ -142,6 +143,19 @@ def test_bad_prompts_file_is_refused_before_any_request(tmp_path, line, phrase):
         proc = run_client(server.url, tmp_path / "out.json", "--prompts", str(prompts))
     assert_clean_failure(proc, 2, phrase, '{"task": "name", "prompt": "text"')
     assert server.received == []
+
+
+def test_a_tasks_request_fields_reach_the_server(tmp_path):
+    """A task's "request" (e.g. a JSON schema) goes into its request body, as sent."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    prompts = write_prompts(tmp_path / "p.jsonl", [
+        json.dumps({"task": "s", "prompt": "x", "request": {"json_schema": schema}}),
+        json.dumps({"task": "plain", "prompt": "y"})])
+    with FakeServer(lambda body: (200, completion())) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--prompts", str(prompts))
+    assert proc.returncode == 0, proc.stderr
+    by_prompt = {b["prompt"]: b for b in server.received}
+    assert by_prompt["x"]["json_schema"] == schema and "json_schema" not in by_prompt["y"]
 
 
 def test_missing_or_empty_prompts_file_is_refused(tmp_path):

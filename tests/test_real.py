@@ -135,3 +135,48 @@ def test_auto_speculation_equals_target_alone(target, draft):
         ids = chat_ids(target, text)
         sp = SamplingParams(temperature=0, n_predict=32)
         assert auto.generate(Request(ids, sp)).output == base.generate(Request(ids, sp)).output, name
+
+
+def test_schema_bound_extraction_is_valid_and_unchanged_by_speculation(target, draft):
+    """Issue 23 on the default pair: a JSON schema answer that validates, the same with auto
+    speculation as alone, with the schema's forced tokens drafted."""
+    import json
+
+    import jsonschema
+
+    from tandem import grammar
+
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+        "required": ["name", "age", "city"], "additionalProperties": False}
+    g = grammar.from_json_schema(schema)
+    ids = chat_ids(target, "Extract the person as JSON: Maria Lopez, 34, moved to Lisbon "
+                           "last year to work as a nurse.")
+    sp = SamplingParams(temperature=0, n_predict=60)
+    alone = make(target).generate(Request(ids, sp, grammar=g))
+    auto = make(target, draft, "auto").generate(Request(ids, sp, grammar=g))
+    obj = json.loads(alone.text)
+    jsonschema.validate(obj, schema)
+    assert obj["age"] == 34 and "Lisbon" in obj["city"], obj
+    assert auto.output == alone.output and auto.stats.n_forced > 0
+
+
+def test_weather_tool_call_from_the_models_own_template(target):
+    """Qwen2.5's template renders the tool; the model calls it, free (tool_choice auto), and the
+    call parses into OpenAI's shape."""
+    import json
+
+    from tandem.server.tools import parse
+
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    tok = target.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "What's the weather in Paris?"}],
+                                   tools=[tool])
+    ids = tok.encode(text, add_special=False)
+    seq = make(target).generate(Request(ids, SamplingParams(temperature=0, n_predict=60)))
+    _, calls = parse(seq.text, {"get_weather"})
+    assert [c["function"]["name"] for c in calls] == ["get_weather"], seq.text
+    assert "Paris" in json.loads(calls[0]["function"]["arguments"])["city"]

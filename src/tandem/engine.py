@@ -25,6 +25,7 @@ import torch
 
 from .config import EngineConfig, SamplingParams, SpecConfig
 from .errors import TandemError
+from .grammar import Guide, bias_vector, constrain
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import logits_to_probs, make_generator
@@ -51,6 +52,8 @@ class Request:
     # with n_probs: the probabilities after the sampler chain (temperature, top-k/p, min-p),
     # tokens it rules out left out, instead of the raw logits' (llama.cpp's post_sampling_probs)
     post_sampling: bool = False
+    grammar: str | None = None  # an llguidance grammar (grammar.py from_gbnf/from_json_schema)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # added to the target's logits
 
 
 @dataclass(slots=True)
@@ -91,6 +94,8 @@ class Sequence:
     t_gen_start: float = 0.0
     t_gen_ms: float = 0.0
     n_new: int = 0  # tokens produced by the last step
+    guide: Guide | None = None  # the request's grammar state
+    bias: torch.Tensor | None = None  # (V,) the request's logit biases
 
     @property
     def done(self) -> bool:
@@ -126,6 +131,8 @@ class Sequence:
         if self.spec.enabled:
             t["draft_n"] = self.stats.n_drafted
             t["draft_n_accepted"] = self.stats.n_accepted
+            if self.guide is not None:  # drafted tokens the grammar forced
+                t["draft_n_forced"] = self.stats.n_forced
         return t
 
 
@@ -312,6 +319,10 @@ class Engine:
         seq = Sequence(req, slot, spec, None, gen, seed, self.tok.incremental(), list(ids),
                        len(ids))
         seq.t_start = time.perf_counter()
+        n_vocab = self.target.args.vocab_size
+        if req.grammar is not None:
+            seq.guide = Guide(self.tok, n_vocab, req.grammar)
+        seq.bias = bias_vector(req.logit_bias, n_vocab)
         if req.sampling.n_predict == 0:
             seq.stop_type = "limit"
             return seq
@@ -322,7 +333,7 @@ class Engine:
             seq.prefill_at = keep
             seq.n_prompt_processed = len(ids) - keep
             seq.speculator = self.speculation.start(spec, slot, req.sampling, gen, list(ids),
-                                                    seq.stats)
+                                                    seq.stats, seq.guide)
             # the controllers (auto) and the scheduler (several slots) need pass costs
             if (not self._calibrated and len(self.costs.verify) < 2
                     and (spec.adaptive or self.cfg.n_parallel > 1)):
@@ -482,16 +493,18 @@ class Engine:
         for s, d in zip(gen, drafts):
             t1 = time.perf_counter()
             k = len(d.ids)
-            mine = logits[at: at + k + 1]
+            eog = self._eog if s.req.sampling.ignore_eos else ()
+            mine = constrain(logits[at: at + k + 1], d.ids, s.guide, s.bias, eog)
             at += k + 1
-            if s.req.sampling.ignore_eos and self._eog:  # llama.cpp: a -inf bias on each EOG
-                mine = mine.clone()
-                mine[:, self._eog] = float("-inf")
             res = verify(d.ids, d.probs, mine, s.req.sampling, s.gen)
             self.cache.append(s.slot, [s.tokens[-1], *d.ids[: res.n_accepted]])
             s.speculator.accept(d, res.n_accepted, res.tokens)
             s.stats.t_verify += t_fwd / len(gen) + time.perf_counter() - t1
             self._append(s, res.tokens, res.n_accepted)
+            if s.guide is not None:
+                s.guide.advance(s.output[len(s.output) - s.n_new:])
+                if s.guide.failed and not s.done:  # cannot happen with masked rows; if it
+                    self._finish(s, "eos")  # did, nothing could follow
             if s.req.n_probs > 0 and s.n_new:
                 s.logprobs.extend(_logprobs(mine[: s.n_new], s.output[-s.n_new:],
                                             s.req.n_probs,
@@ -499,6 +512,10 @@ class Engine:
         for s in filling:
             s.n_new = 0
         return seqs
+
+    def _finish(self, seq: Sequence, why: str) -> None:
+        seq.stop_type = why
+        seq.text += seq.detok.flush()
 
     def _prompt_share(self, rows: int, room: int) -> int:
         """How many prompt rows go into a pass next to `rows` generating rows: as many as take
@@ -520,7 +537,8 @@ class Engine:
 
     def _append(self, seq: Sequence, new: list[int], n_from_draft: int) -> None:
         sp = seq.req.sampling
-        eog = () if sp.ignore_eos else self.tok.eog_ids
+        # with a grammar, an EOG token comes only where the grammar allows nothing else: its end
+        eog = () if sp.ignore_eos and seq.guide is None else self.tok.eog_ids
         seq.n_new = 0
         for j, t in enumerate(new):
             seq.tokens.append(t)

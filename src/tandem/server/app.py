@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .metrics import CONTENT_TYPE
 from .cors import Cors
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
-from .prepare import build_request, n_predict_of, prompt_list
+from .prepare import build_request, constraints_of, n_predict_of, prompt_list
 from .results import generation_settings, spec_settings
 from ..errors import TandemError
 from .schemas import ApiError, CompletionBody, parse_body
@@ -142,8 +142,9 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         engine, _ = state.ready()
         body: CompletionBody = parse_body(await read_body(http, state), CompletionBody)
         prompts = await off_loop(prompt_list, engine, body.prompt)
+        shaped = await off_loop(constraints_of, engine, body)
         reqs = [build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
-                              state.settings.sampling, body.post_sampling_probs)
+                              state.settings.sampling, body.post_sampling_probs, shaped)
                 for ids in prompts]  # every prompt checked before any is submitted
         jobs = [submit(state, req, body.stream, body.return_progress) for req in reqs]
         if body.stream:
@@ -164,7 +165,8 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         ids = await off_loop(infill_ids, engine, body, engine.cfg.batch_size,
                              state.settings.sampling.n_predict)
         req = build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
-                            state.settings.sampling, body.post_sampling_probs)
+                            state.settings.sampling, body.post_sampling_probs,
+                            await off_loop(constraints_of, engine, body))
         job = submit(state, req, body.stream, body.return_progress)
         if body.stream:
             return await sse_response(http, state, job, _completion_chunks(state, body))

@@ -16,7 +16,9 @@ from fastapi import APIRouter, Request as HttpRequest
 
 from .. import __version__
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
-from .prepare import build_request, chat_ids, chat_text, n_predict_of, prompt_list
+from .prepare import (build_request, chat_ids, chat_text, constraints_of, n_predict_of,
+                      prompt_list)
+from . import tools
 from .results import probabilities
 from .schemas import ApiError, ChatBody, OaiCompletionBody, parse_body
 from .state import ServerState
@@ -54,8 +56,9 @@ async def completions(http: HttpRequest):
     prompts = await off_loop(prompt_list, engine, body.prompt)
     n_probs = body.logprobs or 0
     _one_stream(body, len(prompts) * body.n)
+    shaped = await off_loop(constraints_of, engine, body)
     reqs = [build_request(engine, body, ids, n_predict_of(body.max_tokens, body.n_predict),
-                          n_probs, state.settings.sampling)
+                          n_probs, state.settings.sampling, constraints=shaped)
             for ids in prompts for _ in range(body.n)]
     jobs = [submit(state, req, body.stream) for req in reqs]
     meta = _meta(state, "cmpl", "text_completion")
@@ -106,18 +109,24 @@ async def chat_completions(http: HttpRequest):
     n_probs = (body.top_logprobs or 1) if body.logprobs else 0
     n_predict = n_predict_of(body.max_completion_tokens, body.max_tokens, body.n_predict)
     _one_stream(body, body.n)
-    reqs = [build_request(engine, body, ids, n_predict, n_probs, state.settings.sampling)
-            for _ in range(body.n)]
+    calls = await off_loop(tools.plan, engine, body)
+    shaped = await off_loop(constraints_of, engine, body)
+    if calls.grammar is not None:  # tool_choice required / a named function: enforced
+        shaped = (calls.grammar, shaped[1])
+    reqs = [build_request(engine, body, ids, n_predict, n_probs, state.settings.sampling,
+                          constraints=shaped) for _ in range(body.n)]
     jobs = [submit(state, req, body.stream, body.return_progress) for req in reqs]
     meta = _meta(state, "chatcmpl", "chat.completion")
     if body.stream:
         meta["object"] = "chat.completion.chunk"
-        return await sse_response(http, state, jobs[0], _chat_chunks(state, meta, body))
+        return await sse_response(http, state, jobs[0], _chat_chunks(state, meta, body, calls))
     results = await wait_results(http, state, jobs)
-    choices = [{"index": i, "message": {"role": "assistant", "content": r["content"]},
-                "finish_reason": finish_reason(r),
-                "logprobs": _chat_logprobs(r, body) if body.logprobs else None}
-               for i, r in enumerate(results)]
+    choices = []
+    for i, r in enumerate(results):
+        msg, called = tools.message(r["content"], calls)
+        choices.append({"index": i, "message": msg,
+                        "finish_reason": "tool_calls" if called else finish_reason(r),
+                        "logprobs": _chat_logprobs(r, body) if body.logprobs else None})
     out = {**meta, "choices": choices, "usage": usage(results, body.n),
            "timings": results[0]["timings"]}
     if body.verbose or state.settings.verbose:  # llama-server's debugging view
@@ -166,12 +175,15 @@ def _text_chunks(state: ServerState, meta: dict, n_probs: int):
     return render
 
 
-def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
+def _chat_chunks(state: ServerState, meta: dict, body: ChatBody, calls: tools.ToolPlan):
     """OpenAI's chat stream as llama-server sends it: a first chunk naming the role (content
     null), a chunk per piece of text, the finish-reason chunk (empty delta), then, unless
     stream_options.include_usage is false, a chunk with no choices carrying usage and
-    timings, and [DONE]."""
+    timings, and [DONE]. With tools, text from a <tool_call> on is held and the calls come as
+    tool_calls deltas (one chunk each: index, id, name and arguments) before the finish
+    reason "tool_calls"."""
     started = False
+    hold = tools.StreamHold(calls.names) if calls.parse else None
     include_usage = (body.stream_options or {}).get("include_usage", True) is not False
 
     def render(event: Delta | Progress | Done) -> list[dict | str]:
@@ -185,17 +197,26 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody):
             started = True
             out.append(_chat_chunk(meta, {"role": "assistant", "content": None}))
         if isinstance(event, Delta):
-            if event.text or body.logprobs and event.logprobs:
+            text = event.text if hold is None else hold.feed(event.text)
+            if text or body.logprobs and event.logprobs:
                 lp = None
                 if body.logprobs:
                     lp = {"content": _chat_entries(probabilities(state.engine, event.logprobs),
                                                    body)}
-                out.append(_chat_chunk(meta, {"content": event.text}, logprobs=lp))
+                out.append(_chat_chunk(meta, {"content": text}, logprobs=lp))
                 if body.timings_per_token and event.timings is not None:
                     out[-1]["timings"] = event.timings
             return out
         r = event.result
-        out.append(_chat_chunk(meta, {}, finish_reason(r)))
+        finish = finish_reason(r)
+        if hold is not None:
+            rest, called = hold.finish()
+            if rest:
+                out.append(_chat_chunk(meta, {"content": rest}))
+            for i, c in enumerate(called):
+                out.append(_chat_chunk(meta, {"tool_calls": [{"index": i, **c}]}))
+            finish = "tool_calls" if called else finish
+        out.append(_chat_chunk(meta, {}, finish))
         if include_usage:
             out.append({**meta, "choices": [], "usage": usage(r), "timings": r["timings"]})
         out.append("[DONE]")

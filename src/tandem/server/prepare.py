@@ -7,12 +7,15 @@ the vocabulary, and a per-request spec type must be one the loaded models can se
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from .. import grammar
 from ..config import SamplingParams, SpecConfig
 from ..errors import TandemError
 from .schemas import ApiError, ChatBody, SamplingFields
+from .tools import plan, render_messages
 
 if TYPE_CHECKING:
     from ..engine import Engine, Request
@@ -52,6 +55,85 @@ def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
     except TandemError as e:
         raise ApiError(400, f"speculative settings: {e}") from None
     return None if spec is engine.spec else spec
+
+
+def grammar_of(body: SamplingFields, engine: Engine) -> str | None:
+    """The request's constraint as an llguidance grammar, or None: llama.cpp's `grammar` (GBNF)
+    first, then `json_schema`, then OpenAI's `response_format` ({"type": "json_object"}
+    optionally with a "schema", {"type": "json_schema", "json_schema": {"schema": ...}}). An
+    invalid grammar or schema is a 400 naming the field."""
+    try:
+        if body.grammar:
+            g, where = grammar.from_gbnf(body.grammar), "grammar"
+        elif body.json_schema is not None and body.json_schema is not False:
+            g, where = grammar.from_json_schema(body.json_schema), "json_schema"
+        elif body.response_format is not None:
+            found = _response_format(body.response_format)
+            if found is None:
+                return None
+            g, where = found
+        else:
+            return None
+        grammar.check(engine.tok, engine.target.args.vocab_size, g, where)
+    except grammar.GrammarError as e:
+        raise ApiError(400, f"invalid request: {e}") from None
+    return g
+
+
+def _response_format(fmt: dict) -> tuple[str, str] | None:
+    kind = fmt.get("type")
+    where = "response_format"
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = fmt.get("schema", {"type": "object"})
+        return grammar.from_json_schema(schema, f"{where}.schema"), f"{where}.schema"
+    if kind == "json_schema":
+        inner = fmt.get("json_schema")
+        if not isinstance(inner, dict) or "schema" not in inner:
+            raise ApiError(400, f"invalid request: {where}.json_schema: expected an object with "
+                                "a 'schema' (and optionally 'name', 'strict')")
+        return (grammar.from_json_schema(inner["schema"], f"{where}.json_schema.schema"),
+                f"{where}.json_schema.schema")
+    raise ApiError(400, "invalid request: response_format: expected type 'text', 'json_object' "
+                        f"or 'json_schema', got {json.dumps(kind)[:60]}")
+
+
+def logit_bias_of(body: SamplingFields, engine: Engine) -> dict[int, float]:
+    """{token id: added logit}: llama.cpp's [[id or text, bias], ...] (false = never) or
+    OpenAI's {"id or text": bias}; a text stands for each of its tokens, as in llama.cpp."""
+    raw = body.logit_bias
+    if not raw:
+        return {}
+    pairs = list(raw.items()) if isinstance(raw, dict) else raw
+    vocab = engine.target.args.vocab_size
+    out: dict[int, float] = {}
+    for i, pair in enumerate(pairs):
+        where = f"logit_bias[{i}]"
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ApiError(400, f"invalid request: {where}: expected [token id or text, bias]")
+        key, bias = pair
+        if bias is False:
+            bias = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias:
+            raise ApiError(400, f"invalid request: {where}: the bias must be a number or false, "
+                                f"got {json.dumps(bias)[:40]}")
+        if isinstance(key, str) and key.lstrip("-").isdigit() and isinstance(raw, dict):
+            key = int(key)  # OpenAI's keys are token ids written as strings
+        if isinstance(key, bool):
+            raise ApiError(400, f"invalid request: {where}: expected a token id or a text")
+        if isinstance(key, int):
+            if not 0 <= key < vocab:
+                raise ApiError(400, f"invalid request: {where}: token id {key} is outside the "
+                                    f"vocabulary (0..{vocab - 1})")
+            ids = [key]
+        elif isinstance(key, str):
+            ids = engine.tok.encode(key, add_special=False, parse_special=False)
+        else:
+            raise ApiError(400, f"invalid request: {where}: expected a token id or a text")
+        for t in ids:
+            out[t] = out.get(t, 0.0) + float(bias)
+    return out
 
 
 PROMPT_STRING, MULTIMODAL = "prompt_string", "multimodal_data"  # llama-server's object prompt
@@ -150,14 +232,18 @@ def chat_text(engine: Engine, body: ChatBody, reasoning: str = "auto") -> str:
     if cont and msgs[-1].role != "assistant":
         raise ApiError(400, "continue_final_message: the last message must be the assistant's")
     head = msgs[:-1] if cont else msgs
-    messages = [{"role": m.role, "content": m.text()} for m in head]
+    messages = [{"role": m.role, "content": m.text(), "tool_calls": m.tool_calls,
+                 "tool_call_id": m.tool_call_id, "name": m.name} for m in head]
+    tools = plan(engine, body, enforce=False).tools
+    messages = render_messages(messages, tools, engine.tok.chat_template if tools else None)
     # llama-server gives templates today's date (Llama 3.x prints it); a request may override
     extra = {"date_string": datetime.now().strftime("%d %b %Y"), **body.chat_template_kwargs}
     # thinking on unless --reasoning off: llama-server's default where a template has it
     extra.setdefault("enable_thinking", reasoning != "off")
     try:
         text = engine.tok.apply_chat_template(
-            messages, add_generation_prompt=bool(cont) or body.add_generation_prompt, **extra)
+            messages, add_generation_prompt=bool(cont) or body.add_generation_prompt,
+            tools=tools or None, **extra)
     except TandemError as e:
         raise ApiError(400, f"messages: {e}") from None
     if cont:
@@ -191,9 +277,16 @@ def check_prompt(engine: Engine, ids: list[int]) -> None:
         raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})")
 
 
+def constraints_of(engine: Engine, body: SamplingFields) -> tuple[str | None, dict[int, float]]:
+    """(grammar, logit biases) of a request, checked once for all its prompts and answers
+    (compiling a grammar can take milliseconds: run it off the event loop)."""
+    return grammar_of(body, engine), logit_bias_of(body, engine)
+
+
 def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predict: int | None,
                   n_probs: int = 0, defaults: SamplingParams | None = None,
-                  post_sampling: bool = False) -> Request:
+                  post_sampling: bool = False,
+                  constraints: tuple[str | None, dict[int, float]] | None = None) -> Request:
     from ..engine import Request
 
     check_prompt(engine, ids)
@@ -202,6 +295,7 @@ def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predic
         raise ApiError(400, f"id_slot {body.id_slot} does not exist; this server has {n_slots} "
                             f"slot(s): 0..{n_slots - 1}, or -1 for any")
     defaults = SamplingParams() if defaults is None else defaults
+    g, bias = constraints_of(engine, body) if constraints is None else constraints
     return Request(ids, sampling_of(body, n_predict, defaults), spec_of(body, engine),
                    cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs,
-                   post_sampling=post_sampling)
+                   post_sampling=post_sampling, grammar=g, logit_bias=bias)

@@ -47,10 +47,13 @@ def completion_result(seq: Sequence, engine: Engine) -> dict:
                                                      engine.cfg.ctx_size)
     out["generation_settings"]["n_probs"] = seq.req.n_probs
     out["generation_settings"]["cache_prompt"] = seq.req.cache_prompt
-    # llama-server's report of ignore_eos: a -inf bias (null in JSON) on every EOG token
+    # llama-server's report of biases, ignore_eos's among them: a -inf bias is null in JSON
+    bias = dict(seq.req.logit_bias)
+    if seq.req.sampling.ignore_eos:
+        bias.update((t, float("-inf")) for t in engine.tok.eog_ids)
     out["generation_settings"]["logit_bias"] = [
-        {"token": t, "bias": None} for t in sorted(engine.tok.eog_ids)
-    ] if seq.req.sampling.ignore_eos else []
+        {"token": t, "bias": None if b == float("-inf") else b} for t, b in sorted(bias.items())]
+    out["generation_settings"]["grammar"] = seq.req.grammar or ""
     if seq.req.n_probs:
         out["completion_probabilities"] = probabilities(engine, seq.logprobs)
     return out

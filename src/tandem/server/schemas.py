@@ -59,6 +59,13 @@ class SamplingFields(_Body):
     return_progress: bool = False  # streams report how far the prompt has been read
     cache_prompt: bool = True
     id_slot: int = Field(-1, ge=-1)
+    # constrained output (grammar.py): llama.cpp's GBNF grammar and JSON schema, OpenAI's
+    # response_format; logit biases as llama.cpp's [[token or text, bias or false], ...] or
+    # OpenAI's {"token id or text": bias}
+    grammar: str | None = None
+    json_schema: dict[str, Any] | bool | None = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: list[list[Any]] | dict[str, Any] | None = None
     # llama.cpp spells per-request speculation as flat dotted keys ("speculative.n_max": 8):
     # gathered here by key, checked against SpecConfig's fields by SpecConfig.override
     speculative: dict[str, Any] = Field(default_factory=dict)
@@ -67,7 +74,6 @@ class SamplingFields(_Body):
     @classmethod
     def _gather_speculative(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            refuse_unsupported(data)
             spec = {k: v for k, v in data.items() if k.startswith("speculative.")}
             if spec:
                 data = {k: v for k, v in data.items() if k not in spec} | {"speculative": spec}
@@ -76,36 +82,6 @@ class SamplingFields(_Body):
     def stop_list(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
-
-
-# fields llama-server honours and Tandem does not yet: answering them with unconstrained text
-# would be a silent lie, so a request that uses one is refused with the field's name
-_CONSTRAINED = "constrained output (grammars, JSON schemas, tools) is not implemented yet"
-UNSUPPORTED = {
-    "grammar": _CONSTRAINED,
-    "json_schema": _CONSTRAINED,
-    "tools": _CONSTRAINED,
-    "logit_bias": "logit biases are not implemented yet",
-}
-
-
-def refuse_unsupported(data: dict) -> None:
-    """A 400 naming the first field in use that Tandem cannot honour (empty values pass, as do
-    `response_format` {"type": "text"} and `tool_choice` "none")."""
-    for name, why in UNSUPPORTED.items():
-        if data.get(name) not in (None, "", [], {}):
-            raise ApiError(400, f"invalid request: {name}: {why}; the answer would not follow "
-                                "it, so the request is refused (drop the field)")
-    fmt = data.get("response_format")
-    if fmt is not None:
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind in ("json_object", "json_schema"):
-            raise ApiError(400, f"invalid request: response_format: type {kind!r}: "
-                                f"{_CONSTRAINED}; drop the field for plain text")
-        if kind != "text":
-            raise ApiError(400, "invalid request: response_format: expected an object with "
-                                "type 'text', 'json_object' or 'json_schema', got "
-                                f"{json.dumps(fmt)[:80]}")
 
 
 # a prompt as llama-server takes it: text, token ids, a mix of both, {"prompt_string": text}, or
@@ -148,6 +124,9 @@ class TextPart(_Body):
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (OpenAI's shape)
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
     def text(self, joiner: str = "") -> str:
         if isinstance(self.content, list):
@@ -174,6 +153,9 @@ class ChatBody(SamplingFields):
     # transformers' name; a trailing assistant message is continued without it too)
     continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # OpenAI's function tools (server/tools.py)
+    tool_choice: str | dict[str, Any] | None = None  # none | auto | required | a function
+    parallel_tool_calls: bool | None = None
     verbose: bool = False  # "__verbose": the rendered prompt and the raw result
 
 

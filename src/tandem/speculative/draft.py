@@ -85,6 +85,9 @@ class DraftModelProposer:
         self.sampling, self.gen = sampling, gen
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.tokens: list[int] = []
+        # the request's grammar (grammar.Guide): each token is drawn from the draft's
+        # distribution with what the grammar forbids removed, so q is masked as the target's p
+        self.guide = None
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Take the prompt and process it now, during prompt time, as the target does: all but
@@ -159,6 +162,17 @@ class DraftModelProposer:
         rows: list[torch.Tensor] = []
         conf: list[float] = []  # the draft's probability of each token it proposes
         for i in range(k):
+            if self.guide is not None:
+                allowed = self.guide.allowed(ids)
+                n = min(len(allowed), self.model.args.vocab_size)
+                keep = torch.zeros(logits.shape[-1] if self.short is None
+                                   else self.model.args.vocab_size, dtype=torch.bool)
+                keep[:n] = allowed[:n]
+                if self.short is not None:
+                    keep = keep[self.short.ids]
+                if not keep.any():
+                    break
+                logits = logits.float().masked_fill(~keep, float("-inf"))
             top = torch.softmax(logits.float(), -1).max().item()
             if top < self.p_min:
                 break
@@ -174,6 +188,8 @@ class DraftModelProposer:
                         0, self.short.ids, q)
                 rows.append(q)
             ids.append(j if self.short is None else int(self.short.ids[j]))
+            if self.guide is not None and ids[-1] in self.guide.eog:
+                break  # the grammar's end: nothing follows
             if i + 1 < k:
                 logits = self._feed(ids[-1:])
         if len(ids) < max(self.n_min, 1):

@@ -27,6 +27,7 @@ from ..config import SamplingParams, SpecConfig
 from ..models.decoder import KVCache
 from ..models.loader import LoadedModel
 from .controller import AcceptanceTracker, Calibration, Controller, CostModel
+from ..grammar import Guide
 from .draft import DraftModelProposer
 from .ngram import NgramProposer
 from .proposer import Draft, Proposer
@@ -74,8 +75,12 @@ class Speculation:
         return min(left, int(statistics.median(longer)))
 
     def start(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
-              gen: torch.Generator | None, prompt: list[int], stats: SpecStats) -> Speculator:
-        """The speculation of a new sequence whose tokens so far are prompt (spec resolved)."""
+              gen: torch.Generator | None, prompt: list[int], stats: SpecStats,
+              guide: Guide | None = None) -> Speculator:
+        """The speculation of a new sequence whose tokens so far are prompt (spec resolved).
+        guide: the request's grammar; with speculation on, it drafts the tokens the grammar
+        forces, cuts the other proposers' drafts where it forbids a token, and masks what the
+        draft model samples from."""
         entries: list[_Entry] = []
         for t in spec.types:
             if t == "ngram-simple":
@@ -97,6 +102,8 @@ class Speculation:
                 n_max = spec.n_max
             else:
                 continue
+            if isinstance(p, DraftModelProposer):
+                p.guide = guide
             p.begin(list(prompt))
             ctl = None
             if spec.adaptive:
@@ -105,14 +112,16 @@ class Speculation:
                 ctl = Controller(self.costs, n_max=n_max, acceptance=acceptance,
                                  calibration=calibration)
             entries.append(_Entry(p, ctl))
-        return Speculator(self, entries, stats)
+        return Speculator(self, entries, stats, guide if spec.enabled else None)
 
 
 class Speculator:
     """One sequence's proposers, each with its controller under auto (see `draft`)."""
 
-    def __init__(self, shared: Speculation, entries: list[_Entry], stats: SpecStats) -> None:
+    def __init__(self, shared: Speculation, entries: list[_Entry], stats: SpecStats,
+                 guide: Guide | None = None) -> None:
         self.shared, self.entries, self.stats = shared, entries, stats
+        self.guide = guide  # the request's grammar (with speculation on)
         self._by: _Entry | None = None  # the entry whose proposer drafted this step
         self._ended = False
         self.produced = 0  # tokens generated so far
@@ -125,6 +134,29 @@ class Speculator:
         return [e.proposer for e in self.entries]
 
     def draft(self, budget: int, remaining: int, batch: tuple[int, int] = (0, 0)) -> Draft:
+        """The proposers' draft (`_propose`) under the request's grammar, if it has one: cut
+        at the first token the grammar forbids (the draft model's tokens never are: it samples
+        under the same mask), and where the grammar forces tokens, those, unless the draft
+        begins with them and goes further. Forced tokens are the grammar's draft, confidence 1:
+        the only way on, verified with the rest, so a pass yields them all."""
+        g = self.guide
+        if g is None:
+            return self._propose(budget, remaining, batch)
+        self._by = None
+        forced = g.forced(budget)
+        d = self._propose(budget, remaining, batch)
+        if d.ids:
+            d = d.cut(g.valid(d.ids))
+        if forced and not (len(d.ids) > len(forced) and d.ids[:len(forced)] == forced):
+            if self._by is not None:  # its draft is not verified: roll the proposer back
+                self._by.proposer.accept(0, [])
+                self._by = None
+            d = Draft(forced, None, [1.0] * len(forced))
+        if forced:
+            self.stats.n_forced += len(forced)
+        return d
+
+    def _propose(self, budget: int, remaining: int, batch: tuple[int, int] = (0, 0)) -> Draft:
         """The first useful draft of the proposers in order, at most `budget` tokens.
 
         A free proposer (suffix, n-gram) drafts its most and its controller keeps the prefix

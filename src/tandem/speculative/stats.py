@@ -20,6 +20,7 @@ class SpecStats:
     n_accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     drafted_per_pos: list[int] = field(default_factory=list)
+    n_forced: int = 0  # drafted tokens that a grammar forced (the grammar's draft)
     t_draft: float = 0.0  # seconds
     t_verify: float = 0.0
 
@@ -50,6 +51,7 @@ class SpecStats:
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),
             "accepted_per_pos": list(self.accepted_per_pos),
             "drafted_per_pos": list(self.drafted_per_pos),
+            "n_forced": self.n_forced,
             "t_draft_ms": round(1e3 * self.t_draft, 3),
             "t_verify_ms": round(1e3 * self.t_verify, 3),
         }
