@@ -121,7 +121,8 @@ def main() -> None:
                       "request": {"json_schema": SIGNATURE_SCHEMA}})
     tools = [_tool(p) for p in TOOLS]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    lark = calls_lark(schemas, True, set(tok.tokens))
+    # one call, as the server enforces by default
+    lark = calls_lark(schemas, False, set(tok.tokens))
     for name, text in REQUESTS:
         lines.append({"task": f"tool-{name}", "prompt": chat(text, tools),
                       "request": {"grammar": lark}})

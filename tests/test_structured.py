@@ -123,6 +123,38 @@ def test_sampled_constrained_answers_have_the_masked_targets_distribution(models
     assert engine.speculation.draft_history is not None
 
 
+def test_lookahead_never_changes_what_the_grammar_allows(models):
+    """Drafts are looked at ahead (masks of every row, the draft model's next token, forced
+    tokens, how much of a draft is valid) many times between the tokens actually emitted; the
+    mask after the emitted tokens must still be what consuming them once gives. (llguidance's
+    rollback got this wrong on the real pair: a '\"}' token refused after a string.)"""
+    import random
+
+    from llguidance import LLMatcher
+
+    tok, vocab = models[0].tokenizer, models[0].args.vocab_size
+    g = grammar.from_json_schema(SCHEMA)
+    engine = _engine(models, ["none"])
+    rng = random.Random(0)
+    for seed in range(6):
+        out = _run(engine, g, temp=1.0, seed=seed).output
+        guide = grammar.Guide(tok, vocab, g)
+        at = 0
+        while at < len(out):
+            for _ in range(3):  # lookahead of every kind, as a step of speculation does
+                ahead = out[at: at + rng.randint(1, 6)]
+                guide.forced(8)
+                guide.valid(ahead + [rng.randrange(vocab)])
+                guide.row_masks(ahead)
+                guide.allowed(ahead[:-1])
+            n = rng.randint(1, 4)
+            guide.advance(out[at: at + n])
+            at += n
+            fresh = LLMatcher(grammar.lltokenizer(tok, vocab), g, log_level=0)
+            fresh.consume_tokens(out[:at])
+            assert torch.equal(guide._mask(), grammar._mask_of(fresh, vocab)), (seed, at)
+
+
 def test_logit_bias_bans_and_favours_tokens(models):
     engine = _engine(models, ["ngram-simple"])
     plain = _run(engine, None, n=16).output

@@ -132,6 +132,12 @@ def check(tok: Tokenizer, n_vocab: int, grammar: str, field: str) -> None:
         raise GrammarError(f"{field}: {messages[0].strip() if messages else 'invalid grammar'}")
 
 
+def _mask_of(matcher, n_vocab: int) -> torch.Tensor:
+    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                         bitorder="little")[:n_vocab]
+    return torch.from_numpy(bits.astype(bool))
+
+
 class Guide:
     """One sequence's grammar state: the tokens it allows next, the tokens it forces, and the
     emitted tokens it has consumed. Masks are bool tensors over the model's n_vocab logits."""
@@ -140,9 +146,12 @@ class Guide:
         from llguidance import LLMatcher
 
         self.n_vocab = n_vocab
-        # never consumed ahead of time: llguidance's rollback over a consumed end of generation
-        # leaves a state that allows what it should not (found with a tiny model: digits past an
-        # integer's maximum), so lookahead stops at the end, where the generation stops anyway
+        # Lookahead (the rows of a draft, the draft model's next token) runs on a copy of the
+        # matcher: llguidance 1.9's rollback after masks were computed ahead can leave a state
+        # that differs from consuming the same tokens once (found on the real pair: '"}' refused
+        # after a string where one-token decoding allows it; and with a tiny model, digits past
+        # an integer's maximum after rolling back over an end of generation). The end of
+        # generation is never consumed ahead either: nothing follows it.
         self.eog = frozenset(tok.eog_ids)
         self.matcher = LLMatcher(lltokenizer(tok, n_vocab), grammar, log_level=0)
         if self.matcher.is_error():
@@ -159,20 +168,16 @@ class Guide:
         return self.matcher.is_error()
 
     def _mask(self) -> torch.Tensor:
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8),
-                             bitorder="little")[: self.n_vocab]
-        return torch.from_numpy(bits.astype(bool))
+        return _mask_of(self.matcher, self.n_vocab)
 
     def allowed(self, ahead: list[int] = ()) -> torch.Tensor:
         """(n_vocab,) bool: what may follow the consumed tokens and then `ahead` (all valid,
         no end of generation among them)."""
-        if ahead:
-            self.matcher.consume_tokens(list(ahead))
-        try:
+        if not ahead:
             return self._mask()
-        finally:
-            if ahead:
-                self.matcher.rollback(len(ahead))
+        m = self.matcher.deep_copy()
+        m.consume_tokens(list(ahead))
+        return _mask_of(m, self.n_vocab)
 
     def _upto_end(self, ids: list[int]) -> int:
         """Tokens of ids before the first end-of-generation token."""
@@ -197,11 +202,11 @@ class Guide:
         (draft must be valid: see `valid`)."""
         rows = [self._mask()]
         n = self._upto_end(draft)
-        for t in draft[:n]:
-            self.matcher.consume_token(t)
-            rows.append(self._mask())
         if n:
-            self.matcher.rollback(n)
+            m = self.matcher.deep_copy()
+            for t in draft[:n]:
+                m.consume_token(t)
+                rows.append(_mask_of(m, self.n_vocab))
         # rows after an end of generation are never emitted: left unconstrained
         rows.extend(torch.ones(self.n_vocab, dtype=torch.bool) for _ in draft[n:])
         return torch.stack(rows)
