@@ -582,6 +582,13 @@ def test_templates_get_todays_date_and_llama_servers_builtin_names(tmp_path):
     fixed = ChatBody.model_validate({"messages": [{"role": "user", "content": "hi"}],
                                      "chat_template_kwargs": {"date_string": "1 Jan 2000"}})
     assert chat_text(engine, fixed) == "Today: 1 Jan 2000|hi"
+    # FireFunction v2's spelling (datetime), and a variable only llama.cpp's own handler
+    # defines (functions) joined to text: nothing, as llama-server renders it
+    from tandem.tokenizer import _compile_template
+
+    fire = _compile_template("{% set s = 'Tools:' + functions %}{{ s }} Today is {{ datetime }}.")
+    tok.apply_chat_template = lambda m, add_generation_prompt, **kw: fire.render(**kw)
+    assert chat_text(engine, body) == f"Tools: Today is {date.today().strftime('%b %d %Y')}."
     import jinja2
 
     msgs = [{"role": "system", "content": "You are a test."},

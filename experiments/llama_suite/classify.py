@@ -36,14 +36,6 @@ WHY = {
     "test_chat_template": MODEL + " (stories' BOS '<s> ' before the llama3 template)",
     "test_load_split_model": MODEL + " (and split GGUF files are not read)",
     # features that are another issue's, or not Tandem's
-    "test_completion_with_response_format": "structured output: issue 23 (a clear 400 now)",
-    "test_completion_with_json_schema": "structured output: issue 23 (a clear 400 now)",
-    "test_completion_with_grammar": "structured output: issue 23 (a clear 400 now)",
-    "test_logit_bias": "logit_bias: with structured output, issue 23 (a clear 400 now)",
-    "test_date_inside_prompt": "tools in the template (issue 23), or a template wanting "
-                               "llama.cpp's 'functions' variable",
-    "test_reasoning": "tools in the template (issue 23), or llama.cpp's own per-model "
-                      "reasoning rules",
     "test_no_ui": "the web page: issue 19",
     "test_access_static_assets_without_api_key": "the web page: issue 19",
     "test_rerank": "reranking needs a cross-encoder model (refused with the reason)",
@@ -79,8 +71,6 @@ WHY = {
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
-    "structured output": "structured output: issue 23", "logit_bias": "structured output: issue 23",
-    "tools in the template": "structured output: issue 23",
     "the web page": "the web page: issue 19",
     "reranking": "reranking (needs a cross-encoder model; refused)",
     "multimodal": "multimodal input (no projector)",

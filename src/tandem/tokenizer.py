@@ -510,7 +510,17 @@ def _compile_template(source: str):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    class Lenient(jinja2.Undefined):
+        """An undefined variable joined to text adds nothing, as llama.cpp's template engine
+        reads it (FireFunction v2's template adds `functions`, which only llama.cpp's own
+        handler defines); where transformers would raise, llama-server renders."""
+
+        def __add__(self, other):
+            return other
+
+        __radd__ = __add__
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=Lenient,
                                         extensions=[GenerationTag, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception

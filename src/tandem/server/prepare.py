@@ -237,7 +237,9 @@ def chat_text(engine: Engine, body: ChatBody, reasoning: str = "auto") -> str:
     tools = plan(engine, body, enforce=False).tools
     messages = render_messages(messages, tools, engine.tok.chat_template if tools else None)
     # llama-server gives templates today's date (Llama 3.x prints it); a request may override
-    extra = {"date_string": datetime.now().strftime("%d %b %Y"), **body.chat_template_kwargs}
+    now = datetime.now()  # both of llama.cpp's spellings (Llama 3.x, FireFunction v2)
+    extra = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+             **body.chat_template_kwargs}
     # thinking on unless --reasoning off: llama-server's default where a template has it
     extra.setdefault("enable_thinking", reasoning != "off")
     try:
