@@ -48,6 +48,8 @@ def test_greedy_speculation_equals_target_alone(models, types, draft):
     spec = engine(models, types, draft, n_max=5, p_min=0.0, ngram_min=1, ngram_max=3)
     vocab = models[0].args.vocab_size
     drafted = accepted = 0
+    kinds = {"ngram-simple": "ngram", "draft-simple": "draft", "suffix": "suffix"}
+    seen = set()
     for ids in random_prompts(12, vocab, seed=len(types)):
         want = run(base, ids, n_predict=24, **GREEDY)
         seq = spec.generate(Request(ids, SamplingParams(n_predict=24, **GREEDY),
@@ -55,7 +57,13 @@ def test_greedy_speculation_equals_target_alone(models, types, draft):
         assert seq.output == want, (types, ids)
         drafted += seq.stats.n_drafted
         accepted += seq.stats.n_accepted
+        # every accepted token names the proposer that drafted it (the page colours them);
+        # accepted tokens after the end (EOS, n_predict) are counted but not part of the answer
+        assert sum(o != "target" for o in seq.origins) <= seq.stats.n_accepted
+        assert set(seq.origins) <= {"target", *(kinds[t] for t in types.split(","))}
+        seen |= set(seq.origins)
     assert drafted > 0  # speculation really ran
+    assert accepted == 0 or seen - {"target"}
     if draft == "same":
         assert accepted == drafted  # an identical draft is always right under greedy
 
@@ -82,7 +90,12 @@ def test_statistics_add_up(models, draft):
     # every iteration yields its accepted tokens + 1 (the target's own); drafts never run past
     # n_predict, so no iteration is cut short
     assert len(seq.output) == 40 == s.n_accepted + iterations
-    assert sum(seq.from_draft) == s.n_accepted
+    # each token says who proposed it: the draft model's accepted tokens, the target's own
+    assert sum(o == "draft" for o in seq.origins) == s.n_accepted
+    assert set(seq.origins) <= {"draft", "target"}
+    # and where its text ends: the answer is the tokens' texts in order
+    assert len(seq.ends) == len(seq.output) and seq.ends[-1] == len(seq.text)
+    assert "".join(seq.text[a:b] for a, b in zip([0, *seq.ends], seq.ends)) == seq.text
     t = seq.timings()
     assert t["draft_n"] == s.n_drafted and t["draft_n_accepted"] == s.n_accepted
     assert t["predicted_n"] == 40
@@ -113,14 +126,14 @@ def test_eos_ends_generation_unless_ignored(models):
     assert eos in tok.eog_ids
     for ignore in (False, True):
         seq = e.add(Request([5, 6, 7], SamplingParams(n_predict=10, ignore_eos=ignore, **GREEDY)))
-        e._append(seq, [40, eos, 41], 2)  # as if verification returned these three tokens
+        e._append(seq, [40, eos, 41], 2, "ngram")  # as if verification returned these three tokens
         e.release(seq)
         if ignore:
             assert seq.output == [40, eos, 41] and not seq.done
         else:
             assert seq.output == [40, eos] and seq.stop_type == "eos"
             assert seq.text == tok.decode([40])  # the EOS text is not part of the answer
-            assert seq.from_draft == [True, True]
+            assert seq.origins == ["ngram", "ngram"]
 
 
 def test_streamed_text_equals_final_content(models):

@@ -17,21 +17,14 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests import tiny
+from tests.servers import AUTH, GREEDY, KEY, SERVE, Server, free_port, same_weights_pair
 
-SERVE = [sys.executable, "-m", "tandem.cli", "serve"]
-KEY = "test-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-GREEDY = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
 PROMPTS = [
     "def add(a, b):",
     "The quick brown fox",
@@ -42,60 +35,10 @@ PROMPTS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A `tandem serve` subprocess; stderr goes to a file (a full pipe would block it)."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [*SERVE, *args, "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT)
-        self.health_seen: list[tuple[int, dict]] = []
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                r = httpx.get(f"{self.url}/health", timeout=2)
-            except httpx.TransportError:
-                time.sleep(0.05)
-                continue
-            self.health_seen.append((r.status_code, r.json()))
-            if r.status_code == 200:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"server not ready after {timeout} s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     d = tmp_path_factory.mktemp("server")
-    model = tiny.hf_model("qwen2", seed=0)
-    target = tiny.write_gguf(model, d / "target.gguf", "qwen2")
-    draft = tiny.write_gguf(model, d / "draft.gguf", "qwen2")
+    target, draft = same_weights_pair(d)
     a = Server(["--model", str(target), "--model-draft", str(draft), "--ctx-size", "512",
                 "--parallel", "2", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
                 "--spec-draft-p-min", "0", "--api-key", KEY, "--alias", "tiny", "-t", "1",
@@ -323,6 +266,9 @@ def test_stream_reassembles_to_the_plain_answer(srv):
     assert [t for c in chunks for t in c["tokens"]] == plain["tokens"]
     assert all(len(c["from_draft"]) == len(c["tokens"]) for c in chunks)
     assert any(f for c in chunks for f in c["from_draft"])  # accepted drafts are marked
+    # ... and name their proposer (server A: the draft model)
+    assert all(c["origins"] == ["draft" if f else "target" for f in c["from_draft"]]
+               for c in chunks)
     assert final["stop"] is True and final["timings"]["predicted_n"] == 20
     assert final["timings"]["draft_n"] > 0
 

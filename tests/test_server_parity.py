@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests import tiny
-from tests.test_server import GREEDY, Server
+from tests.servers import GREEDY, Server
 
 PROMPTS = ["The quick brown fox", "for i in range(10):", "Once upon a time"]
 
@@ -248,7 +248,7 @@ def test_several_listen_addresses(built, tmp_path):
     import subprocess
     import time
 
-    from tests.test_server import SERVE, free_port
+    from tests.servers import SERVE, free_port
 
     second = _second_loopback()
     port = free_port()

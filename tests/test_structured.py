@@ -21,7 +21,7 @@ from tandem import grammar
 from tandem.config import EngineConfig, SamplingParams, SpecConfig
 from tandem.engine import Engine, Request
 from tests import tiny
-from tests.test_server import GREEDY, Server
+from tests.servers import GREEDY, Server
 
 SCHEMA = {
     "type": "object",
@@ -95,6 +95,7 @@ def test_forced_tokens_are_drafted_so_a_pass_yields_several(models):
     assert seq.stats.n_forced >= 8 and seq.stats.n_accepted >= seq.stats.n_forced // 2
     assert passes < len(seq.output) - 5, (passes, len(seq.output))
     assert seq.timings()["draft_n_forced"] == seq.stats.n_forced
+    assert "grammar" in seq.origins  # forced tokens are reported as the grammar's
     alone = _run(_engine(models, ["none"]), grammar.from_json_schema(SCHEMA))
     assert alone.stats.n_forced == 0 and alone.output == seq.output
 

@@ -36,8 +36,6 @@ WHY = {
     "test_chat_template": MODEL + " (stories' BOS '<s> ' before the llama3 template)",
     "test_load_split_model": MODEL + " (and split GGUF files are not read)",
     # features that are another issue's, or not Tandem's
-    "test_no_ui": "the web page: issue 19",
-    "test_access_static_assets_without_api_key": "the web page: issue 19",
     "test_rerank": "reranking needs a cross-encoder model (refused with the reason)",
     "test_rerank_tei_format": "reranking (refused)", "test_rerank_top_n": "reranking (refused)",
     "test_rerank_tei_top_n": "reranking (refused)", "test_rerank_usage": "reranking (refused)",
@@ -71,7 +69,6 @@ WHY = {
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
-    "the web page": "the web page: issue 19",
     "reranking": "reranking (needs a cross-encoder model; refused)",
     "multimodal": "multimodal input (no projector)",
     "--context-shift": "refused flags: --context-shift, --kv-unified",

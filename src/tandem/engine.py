@@ -82,7 +82,9 @@ class Sequence:
     n_prompt_processed: int = 0  # prompt tokens this request computes (not reused from cache)
     prefill_at: int = 0  # prompt tokens held in the cache so far (all but the last when read)
     output: list[int] = field(default_factory=list)
-    from_draft: list[bool] = field(default_factory=list)  # per output token
+    # per output token: its proposer ("target" or Draft.source); len(text) once it was decoded
+    origins: list[str] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # per output token, if n_probs
     text: str = ""  # decoded output (incl. held-back part)
     emitted: int = 0  # characters of text already handed out
@@ -500,7 +502,7 @@ class Engine:
             self.cache.append(s.slot, [s.tokens[-1], *d.ids[: res.n_accepted]])
             s.speculator.accept(d, res.n_accepted, res.tokens)
             s.stats.t_verify += t_fwd / len(gen) + time.perf_counter() - t1
-            self._append(s, res.tokens, res.n_accepted)
+            self._append(s, res.tokens, res.n_accepted, d.source)
             if s.guide is not None:
                 s.guide.advance(s.output[len(s.output) - s.n_new:])
                 if s.guide.failed and not s.done:  # cannot happen with masked rows; if it
@@ -535,7 +537,7 @@ class Engine:
             return max(1, min(room, floor))
         return max(1, min(room, max(int(PROMPT_SHARE * t_gen / t_row), floor)))
 
-    def _append(self, seq: Sequence, new: list[int], n_from_draft: int) -> None:
+    def _append(self, seq: Sequence, new: list[int], n_from_draft: int, source: str = "") -> None:
         sp = seq.req.sampling
         # with a grammar, an EOG token comes only where the grammar allows nothing else: its end
         eog = () if sp.ignore_eos and seq.guide is None else self.tok.eog_ids
@@ -543,12 +545,13 @@ class Engine:
         for j, t in enumerate(new):
             seq.tokens.append(t)
             seq.output.append(t)
-            seq.from_draft.append(j < n_from_draft)
+            seq.origins.append(source if j < n_from_draft else "target")
             seq.n_new += 1
+            seq.text += "" if t in eog else seq.detok.push(t)
+            seq.ends.append(len(seq.text))
             if t in eog:
                 seq.stop_type = "eos"
                 break
-            seq.text += seq.detok.push(t)
             if sp.stop and self._check_stop(seq):
                 break
             if sp.n_predict >= 0 and len(seq.output) >= sp.n_predict:

@@ -10,6 +10,7 @@ shape. OpenAI's endpoints are in oai.py.
     GET  /slots             what every slot is doing
     POST /slots/{id}        ?action=save|restore {"filename"} (--slot-save-path), erase
     GET  /metrics           Prometheus text (see metrics.py)
+    GET  /                  the web page (page.py; off with --no-ui)
 
 Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint.
 Any origin may call the API (CORS, as llama-server); the API key still applies.
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .metrics import CONTENT_TYPE
+from . import page
 from .cors import Cors
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
 from .prepare import build_request, constraints_of, n_predict_of, prompt_list
@@ -74,7 +76,10 @@ class Guard:
 
     def _check(self, scope, headers: dict[str, str]) -> ApiError | None:
         key = self.state.settings.api_key
-        if key and scope["path"] not in PUBLIC_PATHS and scope["method"] != "OPTIONS":
+        path = scope["path"]
+        public = path in PUBLIC_PATHS or self.state.settings.ui and (
+            path in page.PUBLIC or path.startswith(page.PUBLIC_PREFIX))
+        if key and not public and scope["method"] != "OPTIONS":
             given = headers.get("x-api-key") or ""
             auth = headers.get("authorization", "")
             if auth.lower().startswith("bearer "):
@@ -126,6 +131,8 @@ def create_app(state: ServerState) -> FastAPI:
     _llama_routes(app, state)
     app.include_router(oai_router)
     app.include_router(embeddings_router)
+    if state.settings.ui:  # the page at / (page.py); --no-ui: 404 there, as llama-server
+        app.include_router(page.router)
     return app
 
 
@@ -334,7 +341,8 @@ def _progress_timings(p: Progress) -> dict:
 def _completion_chunks(state: ServerState, body: CompletionBody, index: int = 0):
     """llama-server's /completion stream: a chunk per step (its token ids only with
     return_tokens), then the full result with stop: true. `from_draft` says, per token,
-    whether it was an accepted draft token. `index`: which prompt of the request."""
+    whether it was an accepted draft token, `origins` who proposed it (target, draft, suffix,
+    ngram, grammar). `index`: which prompt of the request."""
 
     def render(event: Delta | Progress | Done) -> list[dict]:
         if isinstance(event, Progress):
@@ -347,7 +355,7 @@ def _completion_chunks(state: ServerState, body: CompletionBody, index: int = 0)
         if isinstance(event, Delta):
             chunk = {"index": index, "content": event.text,
                      "tokens": event.tokens if body.return_tokens else [], "stop": False,
-                     "from_draft": event.from_draft}
+                     "from_draft": event.from_draft, "origins": event.origins}
             if body.timings_per_token and event.timings is not None:
                 chunk["timings"] = event.timings
             if event.logprobs:

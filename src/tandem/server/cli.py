@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve GET /slots (the default)")
     g.add_argument("--no-slots", dest="slots_endpoint", action="store_false",
                    help="turn GET /slots off")
+    g.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
+                   help="serve the web page at / (the default)")
+    g.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false",
+                   help="turn the web page off (/ answers 404)")
     g.add_argument("-ub", "--ubatch-size", type=int, default=None,
                    help="llama-server's physical batch: Tandem's passes have one size, so the "
                         "smaller of --batch-size and this is the most rows a pass carries")
@@ -140,6 +144,11 @@ def run(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         log.info("listening on http://%s:%d (models load in the background; /health answers "
                  "503 until they are ready)", f"[{host}]" if ":" in host else host, port)
+    if settings.ui:
+        host, port = socks[0].getsockname()[:2]
+        log.info("the web page: http://%s:%d/ (--no-ui turns it off)",
+                 "127.0.0.1" if host in ("0.0.0.0", "::") else
+                 f"[{host}]" if ":" in host else host, port)
     loader.start()
     try:
         server.run(sockets=socks)
@@ -218,7 +227,7 @@ def _settings(a: argparse.Namespace):
     return ServerSettings(model=a.model, model_draft=a.model_draft, engine=engine, spec=spec,
                           warmup=not a.no_warmup, alias=a.alias, api_key=a.api_key,
                           timeout=a.timeout, max_queue=queue, sampling=sampling,
-                          slots_endpoint=a.slots_endpoint,
+                          slots_endpoint=a.slots_endpoint, ui=a.ui,
                           tags=[t for t in (a.tags or "").split(",") if t], verbose=a.verbose,
                           metrics_endpoint=a.metrics, embeddings=a.embedding,
                           pooling=a.pooling,

@@ -4,7 +4,10 @@ llama-server's /apply-template (a chat's messages rendered as the prompt).
 Each answer also carries llama-server's `timings` (with draft_n / draft_n_accepted when
 speculating). Streams are OpenAI's SSE chunks ending with `data: [DONE]`; in a chat stream the
 finish reason comes with an empty delta, then usage and timings in a chunk of their own with no
-choices (unless stream_options.include_usage is false), as llama-server sends them.
+choices (unless stream_options.include_usage is false), as llama-server sends them. A chat
+stream asked for `return_tokens` (Tandem's) gives each content chunk, beside OpenAI's fields,
+`tokens` (ids), `pieces` (the text each added) and `origins` (who proposed each: "target",
+"draft" for the draft model, "suffix" or "ngram" for repetition, "grammar" when forced).
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody, calls: tools.To
             out.append(_chat_chunk(meta, {"role": "assistant", "content": None}))
         if isinstance(event, Delta):
             text = event.text if hold is None else hold.feed(event.text)
-            if text or body.logprobs and event.logprobs:
+            if text or body.logprobs and event.logprobs or body.return_tokens and event.tokens:
                 lp = None
                 if body.logprobs:
                     lp = {"content": _chat_entries(probabilities(state.engine, event.logprobs),
@@ -206,6 +209,9 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody, calls: tools.To
                 out.append(_chat_chunk(meta, {"content": text}, logprobs=lp))
                 if body.timings_per_token and event.timings is not None:
                     out[-1]["timings"] = event.timings
+                if body.return_tokens:  # Tandem's: each token, its text and its proposer
+                    out[-1].update(tokens=event.tokens, pieces=event.pieces,
+                                   origins=event.origins)
             return out
         r = event.result
         finish = finish_reason(r)

@@ -157,6 +157,7 @@ class ChatBody(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None  # none | auto | required | a function
     parallel_tool_calls: bool | None = None
     verbose: bool = False  # "__verbose": the rendered prompt and the raw result
+    return_tokens: bool = False  # streamed chunks carry tokens, pieces, origins (oai.py)
 
 
 def parse_body(raw: bytes, model: type[_Body]) -> Any:

@@ -39,6 +39,7 @@ class ServerSettings:
     chat_template: str | None = None  # --chat-template(-file): replaces the model's
     reasoning: str = "auto"  # --reasoning: on | off | auto (the template's own default)
     verbose: bool = False  # -v: answers carry "__verbose" (the prompt and the raw result)
+    ui: bool = True  # the web page at / (--no-ui turns it off, as llama-server's)
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ as it becomes safe to show, then its final result.
 The HTTP side never touches the engine. It submits a Job and reads the Job's asyncio queue;
 the worker pushes events into that queue with loop.call_soon_threadsafe:
 
-    Delta(text, tokens, from_draft, logprobs)   streamed jobs only, after each step
+    Delta(text, tokens, origins, pieces, ...)   streamed jobs only, after each step
     Done(result)                                the finished request (llama.cpp's /completion dict)
     Failed(ApiError)                            this request only; the others carry on
 
@@ -39,11 +39,20 @@ log = logging.getLogger("tandem.server")
 
 @dataclass(slots=True)
 class Delta:
+    """What one step added to a streamed request: the text now safe to show, and per new token
+    its id, who proposed it ("target", "draft", "suffix", "ngram", "grammar") and the text it
+    added (the pieces join to the generated text; `text` may hold back a possible stop)."""
+
     text: str
     tokens: list[int]
-    from_draft: list[bool]
+    origins: list[str]
+    pieces: list[str]
     logprobs: list[TokenLogprobs]
     timings: dict | None = None  # the sequence's timings so far (timings_per_token)
+
+    @property
+    def from_draft(self) -> list[bool]:
+        return [o != "target" for o in self.origins]
 
 
 @dataclass(slots=True)
@@ -284,8 +293,12 @@ class Worker:
         text = seq.take_text()
         if not (text or n):
             return
-        tokens = seq.output[len(seq.output) - n:]
-        job.push(Delta(text, tokens, seq.from_draft[len(seq.from_draft) - n:],
+        at = len(seq.output) - n
+        ends = seq.ends[at - 1:] if at else [0, *seq.ends]
+        if seq.done:  # the text's end (what the decoder held back, or cut at a stop) is the last's
+            ends[-1] = len(seq.text)
+        pieces = [seq.text[a:b] for a, b in zip(ends, ends[1:])]
+        job.push(Delta(text, seq.output[at:], seq.origins[at:], pieces,
                        seq.logprobs[len(seq.logprobs) - n:] if seq.req.n_probs else [],
                        seq.timings()))
 

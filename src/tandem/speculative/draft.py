@@ -67,6 +67,7 @@ class DraftModelProposer:
     """
 
     free = False  # every drafted token is a pass of the draft model
+    kind = "draft"  # how its accepted tokens are reported (Sequence.origins)
 
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,

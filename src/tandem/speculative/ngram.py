@@ -33,6 +33,7 @@ class NgramProposer:
     """
 
     free = True  # a few dict lookups per draft
+    kind = "ngram"  # how its accepted tokens are reported (Sequence.origins)
 
     def __init__(self, ngram_min: int = 2, ngram_max: int = 4, m: int = 8) -> None:
         # the sizes come from a SpecConfig, which checked them (1 <= min <= max, m >= 1)

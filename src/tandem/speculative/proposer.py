@@ -25,18 +25,21 @@ class Draft:
     conf: per token, the proposer's own confidence in [0, 1] that the target will agree (the
         draft model's probability of its token, the suffix proposer's smoothed frequency);
         None = no opinion. The controller calibrates it against what was accepted.
+    source: which proposer drafted it (its `kind`: "draft", "suffix", "ngram"; "grammar" for
+        tokens a grammar forced), reported per accepted token (Sequence.origins).
     """
 
     ids: list[int]
     probs: torch.Tensor | None = None
     conf: list[float] | None = None
+    source: str = ""
 
     def cut(self, k: int) -> Draft:
         """The first k tokens of this draft."""
         if k >= len(self.ids):
             return self
         return Draft(self.ids[:k], None if self.probs is None else self.probs[:k],
-                     None if self.conf is None else self.conf[:k])
+                     None if self.conf is None else self.conf[:k], self.source)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -50,9 +53,11 @@ class Proposer(Protocol):
     a whole draft before deciding how much of it to verify), False when each token costs a
     model pass (the draft model: the controller decides how many to draft first). A costly
     proposer that reads the prompt lazily also has `unseen()` (tokens it has not read yet) and
-    `prepare()` (read them now, in prompt chunks; returns how many)."""
+    `prepare()` (read them now, in prompt chunks; returns how many). kind: the name its accepted
+    tokens are reported under ("draft" for the draft model; "suffix", "ngram": repetition)."""
 
     free: bool
+    kind: str
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Start a new sequence whose tokens so far are prompt_ids (forgets any earlier one)."""

@@ -151,7 +151,7 @@ class Speculator:
             if self._by is not None:  # its draft is not verified: roll the proposer back
                 self._by.proposer.accept(0, [])
                 self._by = None
-            d = Draft(forced, None, [1.0] * len(forced))
+            d = Draft(forced, None, [1.0] * len(forced), "grammar")
         if forced:
             self.stats.n_forced += len(forced)
         return d
@@ -218,6 +218,7 @@ class Speculator:
             if d.ids:
                 self._by = e
                 self.covered += p.free
+                d.source = p.kind
                 return d
         return Draft([])
 

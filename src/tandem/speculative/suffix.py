@@ -196,6 +196,7 @@ class SuffixProposer:
     controller cuts drafts by their calibrated confidences)."""
 
     free = True  # proposing costs microseconds, not a model pass
+    kind = "suffix"  # how its accepted tokens are reported (Sequence.origins)
 
     def __init__(self, n_max: int = 16, pool: SuffixPool | None = None,
                  min_conf: float = 0.5, depth: int = DEPTH) -> None:
