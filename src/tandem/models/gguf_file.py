@@ -49,6 +49,9 @@ _PLAIN_TENSORS: dict[GGMLQuantizationType, type[np.generic]] = {
 }
 
 
+GGML_MAX_DIMS = 4
+
+
 @dataclass(slots=True)
 class RawTensor:
     """One tensor as stored: `data` is float (F32/F16) or the raw block bytes (quantized, BF16).
@@ -192,15 +195,32 @@ class GGUFFile:
         n_tensors, n_kv = r.u64("tensor count"), r.u64("metadata count")
         self.metadata: dict[str, Any] = self._read_metadata(r, n_kv)
         infos = [self._read_tensor_info(r, i) for i in range(n_tensors)]
-        data_start = -(-r.off // self._alignment()) * self._alignment()
+        align = self._alignment()
+        data_start = -(-r.off // align) * align
         self.tensors: dict[str, RawTensor] = {}
         for info in infos:
             if info.name in self.tensors:
                 raise ModelFileError(f"{self.path}: tensor {info.name!r} appears twice")
+            if info.offset % align:
+                raise ModelFileError(
+                    f"{self.path}: tensor {info.name!r} starts at offset {info.offset} of the "
+                    f"data section, not a multiple of general.alignment ({align})")
             self.tensors[info.name] = self._tensor(buf, data_start, info, r.bo)
+        self._spans = sorted((i.offset, i.offset + self.tensors[i.name].data.nbytes, i.name)
+                             for i in infos)
         self.arch: str = str(self.metadata.get("general.architecture", ""))
         if not self.arch:
             raise ModelFileError(f"{self.path}: no general.architecture in the GGUF metadata")
+
+    def check_overlaps(self) -> None:
+        """No two tensors share bytes (a tensor whose size was edited would read its
+        neighbour's data as its own). The loader calls it after the shape checks, whose
+        message says more about an edited tensor."""
+        for (a0, a1, a), (b0, b1, b) in zip(self._spans, self._spans[1:]):
+            if b0 < a1 and b1 > b0:
+                raise ModelFileError(
+                    f"{self.path}: tensors {a!r} (bytes {a0} to {a1} of the data section) and "
+                    f"{b!r} (from byte {b0}) overlap; the file is corrupt")
 
     def _check_path(self) -> None:
         if not self.path.exists():
@@ -239,7 +259,11 @@ class GGUFFile:
     def _read_tensor_info(self, r: _HeaderReader, i: int) -> _TensorInfo:
         name = r.string(f"name of tensor {i}")
         what = f"tensor info {name!r}"
-        ne = tuple(r.u64(what) for _ in range(r.u32(what)))
+        n_dims = r.u32(what)
+        if not 1 <= n_dims <= GGML_MAX_DIMS:
+            raise ModelFileError(f"{self.path}: tensor {name!r} has {n_dims} dimensions; "
+                                 f"GGUF tensors have 1 to {GGML_MAX_DIMS}")
+        ne = tuple(r.u64(what) for _ in range(n_dims))
         raw_type, offset = r.u32(what), r.u64(what)
         try:
             qtype = QT(raw_type)

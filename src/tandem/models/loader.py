@@ -6,7 +6,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -15,6 +15,7 @@ from .. import kernels
 from ..config import Numerics
 from ..errors import ModelFileError, TandemError
 from .args import ModelArgs
+from .checks import HF_KEYS, check_args, check_tensors, check_vocabulary, gguf_keys
 from .decoder import Block, Transformer
 from .gguf_file import GGUFFile
 from .linear import Dense
@@ -35,58 +36,97 @@ class LoadedModel:
     name: str = ""
 
 
+def _number(value: Any, kind: type, where: str, key: str, default: Any = None) -> Any:
+    """A hyperparameter as int or float; a missing one takes `default` (None: required), a
+    value of another type (text, a list, a fractional count, NaN) is refused by name."""
+    if value is None:
+        if default is None:
+            raise ModelFileError(f"{where}: missing {key}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            kind is int and not (isinstance(value, int) or float(value).is_integer())):
+        what = "an integer" if kind is int else "a number"
+        raise ModelFileError(f"{where}: {key} is {value!r}; expected {what}")
+    return kind(value)
+
+
 def args_from_gguf(g: GGUFFile) -> ModelArgs:
     if g.arch not in SUPPORTED_ARCHS:
         raise ModelFileError(
             f"{g.path}: unsupported architecture {g.arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
         )
-    n_heads = int(g.require("attention.head_count"))
-    dim = int(g.require("embedding_length"))
-    vocab = g.get("vocab_size") or len(g.metadata.get("tokenizer.ggml.tokens") or []) or \
-        g.tensors["token_embd.weight"].shape[0]
-    head_dim = int(g.get("attention.key_length") or g.get("rope.dimension_count") or dim // n_heads)
-    return ModelArgs(
+
+    def num(key: str, kind: type = int, default: Any = None) -> Any:
+        return _number(g.get(key), kind, str(g.path), f"GGUF metadata '{g.arch}.{key}'",
+                       default)
+
+    n_heads, dim = num("attention.head_count"), num("embedding_length")
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    embed = g.tensors.get("token_embd.weight")
+    vocab = num("vocab_size", default=0) or (len(tokens) if isinstance(tokens, list) else 0) \
+        or (embed.shape[0] if embed is not None else 0)
+    head_dim = num("attention.key_length", default=0) or \
+        num("rope.dimension_count", default=0) or dim // max(n_heads, 1)
+    value_dim = num("attention.value_length", default=head_dim)
+    if value_dim != head_dim:
+        raise ModelFileError(f"{g.path}: {g.arch}.attention.value_length ({value_dim}) differs "
+                             f"from the key length ({head_dim}); Tandem needs them equal")
+    args = ModelArgs(
         arch=g.arch,
         dim=dim,
-        n_layers=int(g.require("block_count")),
+        n_layers=num("block_count"),
         n_heads=n_heads,
-        n_kv_heads=int(g.get("attention.head_count_kv") or n_heads),
-        ffn_dim=int(g.require("feed_forward_length")),
+        n_kv_heads=num("attention.head_count_kv", default=n_heads),
+        ffn_dim=num("feed_forward_length"),
         vocab_size=int(vocab),
         head_dim=head_dim,
-        norm_eps=float(g.get("attention.layer_norm_rms_epsilon") or 1e-5),
-        rope_theta=float(g.get("rope.freq_base") or 10000.0),
+        norm_eps=num("attention.layer_norm_rms_epsilon", float, 1e-5),
+        rope_theta=num("rope.freq_base", float, 10000.0),
         rope_interleaved=g.arch == "llama",  # convert_hf_to_gguf permutes llama's q/k
         qkv_bias="blk.0.attn_q.bias" in g.tensors,
         tie_embeddings="output.weight" not in g.tensors,
-        max_seq_len=int(g.get("context_length") or 4096),
+        max_seq_len=num("context_length", default=4096),
     )
+    rope_dims = num("rope.dimension_count", default=args.head_dim)
+    if rope_dims != args.head_dim:
+        raise ModelFileError(f"{g.path}: {g.arch}.rope.dimension_count is {rope_dims}, the head "
+                             f"dimension {args.head_dim}; partial rotary embeddings are not "
+                             "supported")
+    return args
 
 
 def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
+    where = f"{path}/config.json"
+    if not isinstance(cfg, dict):
+        raise ModelFileError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     arch = cfg.get("model_type", "")
     if arch not in SUPPORTED_ARCHS:
         raise ModelFileError(
             f"{path}: unsupported model_type {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
         )
-    rope = cfg.get("rope_parameters") or {}
+
+    def num(key: str, kind: type = int, default: Any = None) -> Any:
+        return _number(cfg.get(key), kind, where, repr(key), default)
+
+    rope = cfg.get("rope_parameters")
+    rope = rope if isinstance(rope, dict) else {}
     theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
-    n_heads = cfg["num_attention_heads"]
+    n_heads, dim = num("num_attention_heads"), num("hidden_size")
     return ModelArgs(
         arch=arch,
-        dim=cfg["hidden_size"],
-        n_layers=cfg["num_hidden_layers"],
+        dim=dim,
+        n_layers=num("num_hidden_layers"),
         n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-        ffn_dim=cfg["intermediate_size"],
-        vocab_size=cfg["vocab_size"],
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-        norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta),
+        n_kv_heads=num("num_key_value_heads", default=0) or n_heads,
+        ffn_dim=num("intermediate_size"),
+        vocab_size=num("vocab_size"),
+        head_dim=num("head_dim", default=0) or dim // max(n_heads, 1),
+        norm_eps=num("rms_norm_eps", float, 1e-6),
+        rope_theta=_number(theta, float, where, "'rope_theta'"),
         rope_interleaved=False,
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias")),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_seq_len=cfg.get("max_position_embeddings", 4096),
+        max_seq_len=num("max_position_embeddings", default=4096),
     )
 
 
@@ -181,6 +221,12 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
     t0 = time.perf_counter()
     g = GGUFFile(path)
     args = args_from_gguf(g)
+    keys = gguf_keys(g.arch)
+    check_args(args, keys, str(path))
+    check_tensors(args, {n: t.shape for n, t in g.tensors.items()}, GGUF_NAMES, keys, str(path))
+    g.check_overlaps()
+    tok = Tokenizer.from_gguf_metadata(g.metadata)
+    check_vocabulary(len(tok.tokens), args, GGUF_NAMES["embed"], str(path))
     float_file = all(t.type_name == "F32" for t in g.tensors.values())
     mode, dtype = weight_form(numerics, float_file)
     dt = DTYPES[dtype]
@@ -212,7 +258,6 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         model = _build(args, get, linear, dt, max_len, GGUF_NAMES, numerics, embedding)
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None  # names the file once
-    tok = Tokenizer.from_gguf_metadata(g.metadata)
     return LoadedModel(path, args, model, tok, "gguf", dt, time.perf_counter() - t0)
 
 
@@ -239,6 +284,9 @@ def load_hf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
     dt = DTYPES[weight_form(numerics, float_file, "hf")[1]]
     if not args.tie_embeddings and "lm_head.weight" not in tensors:
         args.tie_embeddings = True
+    check_args(args, HF_KEYS, str(path))
+    check_tensors(args, {k: tuple(t.shape) for k, t in tensors.items()}, HF_NAMES, HF_KEYS,
+                  str(path))
 
     def linear(base: str) -> torch.nn.Module:
         w = tensors.get(base + ".weight")
@@ -247,8 +295,9 @@ def load_hf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         b = tensors.get(base + ".bias")
         return Dense(w.to(dt), None if b is None else b.to(dt))
 
-    model = _build(args, tensors.get, linear, dt, max_len, HF_NAMES, numerics)
     tok = Tokenizer.from_hf_dir(path)
+    check_vocabulary(len(tok.tokens), args, HF_NAMES["embed"], str(path))
+    model = _build(args, tensors.get, linear, dt, max_len, HF_NAMES, numerics)
     return LoadedModel(path, args, model, tok, "hf", dt, time.perf_counter() - t0)
 
 
