@@ -197,3 +197,32 @@ def test_sampling_follows_temperature_on_average():
     share = tokens.count(0) / len(tokens)
     expected = 0.25 / sum(p**2 for p in P5.tolist())
     assert math.isclose(share, expected, abs_tol=0.04)
+
+
+@pytest.mark.parametrize("temperature", [1e6, 1e30, 5e307, 1.7e308])
+def test_huge_temperatures_sample_the_candidates_uniformly(temperature):
+    """Found by fuzzing the server: 5e307 became inf in float32, every probability NaN, and
+    the draw a token id past the vocabulary. A temperature beyond float32's range samples as
+    the highest one it can: the candidates (top-k 3 here) equally likely, the rest never."""
+    probs = logits_to_probs(LOGITS5, params(temperature=temperature, top_k=3))
+    torch.testing.assert_close(probs[0], torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]))
+    draws = {sample(probs[0], make_generator(s)) for s in range(64)}
+    assert draws == {0, 1, 2}
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-45, 1e-10])
+def test_tiny_temperatures_keep_only_the_best_tokens(temperature):
+    """Also from the fuzzer: logits / 1e-300 were +-inf and their softmax NaN. A tiny
+    temperature picks among the tokens tied for the best logit."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0]])
+    probs = logits_to_probs(logits, params(temperature=temperature))
+    torch.testing.assert_close(probs[0], torch.tensor([0.0, 0.5, 0.5, 0.0]))
+
+
+def test_infinite_and_huge_logit_biases_stay_finite():
+    from tandem.grammar import BIAS_LIMIT, bias_vector
+
+    v = bias_vector({0: math.inf, 1: -math.inf, 2: 1e300, 3: -1e300, 4: -5.0}, 6)
+    assert v.tolist() == [BIAS_LIMIT, -math.inf, BIAS_LIMIT, -BIAS_LIMIT, -5.0, 0.0]
+    probs = logits_to_probs(LOGITS5.repeat(1, 2)[:, :6] + v, params())
+    assert torch.isfinite(probs).all() and probs[0, 0] == probs[0, 2] == 0.5

@@ -583,9 +583,23 @@ def test_full_queue_answers_503(srv_b):
             busy = post(srv_b, "/completion", {"prompt": "x", "n_predict": 2})
             assert busy.status_code == 503, busy.text
             assert "busy" in busy.json()["error"]["message"]
+            # a refused request with several answers leaves none of them queued
+            several = post(srv_b, "/completion", {"prompt": ["x", "y", "z"], "n_predict": 2})
+            assert several.status_code == 503
+            assert metrics(srv_b)["llamacpp:requests_deferred"] == 1
         # the long stream's client left: its slot goes to the queued request
         assert queued.result()["tokens_predicted"] == 2
     assert httpx.get(f"{srv_b.url}/health").status_code == 200
+
+
+def test_more_answers_than_the_queue_holds_are_served_when_nothing_waits(srv_b):
+    # server B: one slot, a queue of one; five prompts' answers come back in order
+    r = post(srv_b, "/completion", {"prompt": PROMPTS[:5], "n_predict": 3, **GREEDY})
+    assert r.status_code == 200, r.text
+    assert [a["content"] for a in r.json()] == [complete(srv_b, p, n=3)["content"]
+                                               for p in PROMPTS[:5]]
+    too_many = post(srv_b, "/v1/completions", {"prompt": ["x"] * 5, "n": 16, "max_tokens": 1})
+    assert too_many.status_code == 400 and "at most 64" in too_many.json()["error"]["message"]
 
 
 def test_timeout_ends_a_long_stream_with_an_error(srv_b):

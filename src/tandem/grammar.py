@@ -22,6 +22,8 @@ a sampled draft where it drew a forbidden token would bias the recovered token.
 
 from __future__ import annotations
 
+import math
+
 import json
 import threading
 from typing import TYPE_CHECKING, Any
@@ -217,15 +219,21 @@ class Guide:
             self.matcher.consume_tokens(list(ids))
 
 
+BIAS_LIMIT = 1e9  # |bias| beyond this acts as this (logits are tens)
+
+
 def bias_vector(bias: dict[int, float], n_vocab: int) -> torch.Tensor | None:
     """{token id: added logit} -> (n_vocab,) float32 (-inf where a token is banned)."""
     if not bias:
         return None
-    out = torch.zeros(n_vocab)
+    out = torch.zeros(n_vocab, dtype=torch.float64)
     for t, b in bias.items():
         if 0 <= t < n_vocab:
             out[t] += b
-    return out
+    # +inf, or a bias past float32's range, means "this token": BIAS_LIMIT says it and keeps
+    # the logits finite (inf - inf would be NaN); -inf (a ban) stays
+    return out.clamp(max=BIAS_LIMIT).clamp(min=-BIAS_LIMIT).float().masked_fill(
+        out == -math.inf, -math.inf)
 
 
 def constrain(rows: torch.Tensor, draft: list[int], guide: Guide | None,

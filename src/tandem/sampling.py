@@ -33,6 +33,8 @@ from .config import SamplingParams
 from .errors import TandemError
 
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed accepts 0 .. 2**64 - 1
+MAX_TEMPERATURE = 1e30  # higher ones sample as this one: float32 logits / T stay finite
+MIN_TEMPERATURE = 1e-30  # lower positive ones sample as this one (the best tokens only)
 
 
 def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -43,7 +45,12 @@ def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     vals, idx = _candidates(logits, p)  # (..., C) logits, (..., C) token ids or None
     vals = _top_p(vals, p.top_p)
     vals = _min_p(vals, p.min_p)
-    probs = torch.softmax(vals / p.temperature, dim=-1)
+    # scaled from the best logit, so that no temperature makes a logit infinite (a tiny one
+    # leaves the best tokens alone, not inf / inf = NaN); past MAX_TEMPERATURE (float32's
+    # range) the candidates are already equally likely
+    top = vals.amax(dim=-1, keepdim=True)
+    t = min(max(p.temperature, MIN_TEMPERATURE), MAX_TEMPERATURE)
+    probs = torch.softmax((vals - top) / t, dim=-1)
     if idx is None:
         return probs
     return torch.zeros_like(logits).scatter_(-1, idx, probs)

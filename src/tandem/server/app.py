@@ -11,6 +11,7 @@ shape. OpenAI's endpoints are in oai.py.
     POST /slots/{id}        ?action=save|restore {"filename"} (--slot-save-path), erase
     GET  /metrics           Prometheus text (see metrics.py)
     GET  /                  the web page (page.py; off with --no-ui)
+    GET  /openapi.json      this API described, request bodies included (openapi.py)
 
 Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint.
 Any origin may call the API (CORS, as llama-server); the API key still applies.
@@ -24,11 +25,13 @@ import logging
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .metrics import CONTENT_TYPE
 from . import page
 from .cors import Cors
+from .openapi import describe
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
 from .prepare import build_request, constraints_of, n_predict_of, prompt_list
 from .results import generation_settings, spec_settings
@@ -104,7 +107,7 @@ def create_app(state: ServerState) -> FastAPI:
     from .embeddings import router as embeddings_router
     from .oai import router as oai_router
 
-    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.tandem = state
 
     @app.exception_handler(ApiError)
@@ -118,6 +121,12 @@ def create_app(state: ServerState) -> FastAPI:
         if e.status_code == 405:
             return error_response(ApiError(405, f"{req.method} is not allowed on {req.url.path}"))
         return error_response(ApiError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameter(_req, e: RequestValidationError):  # a path or query parameter
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("path", "query"))
+        return error_response(ApiError(400, f"invalid request: {where}: {first.get('msg')}"))
 
     @app.exception_handler(Exception)
     async def _internal(_req, e: Exception):
@@ -133,6 +142,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(embeddings_router)
     if state.settings.ui:  # the page at / (page.py); --no-ui: 404 there, as llama-server
         app.include_router(page.router)
+    describe(app)  # GET /openapi.json with every route's body (openapi.py)
     return app
 
 
@@ -153,7 +163,7 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         reqs = [build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
                               state.settings.sampling, body.post_sampling_probs, shaped)
                 for ids in prompts]  # every prompt checked before any is submitted
-        jobs = [submit(state, req, body.stream, body.return_progress) for req in reqs]
+        jobs = submit(state, reqs, body.stream, body.return_progress)
         if body.stream:
             return await sse_response(http, state, jobs, [
                 _completion_chunks(state, body, i) for i in range(len(jobs))])
@@ -174,7 +184,7 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
         req = build_request(engine, body, ids, n_predict_of(body.n_predict), body.n_probs,
                             state.settings.sampling, body.post_sampling_probs,
                             await off_loop(constraints_of, engine, body))
-        job = submit(state, req, body.stream, body.return_progress)
+        (job,) = submit(state, [req], body.stream, body.return_progress)
         if body.stream:
             return await sse_response(http, state, job, _completion_chunks(state, body))
         (result,) = await wait_results(http, state, [job])

@@ -40,17 +40,26 @@ async def off_loop(fn, *args):
     return await run_in_threadpool(fn, *args)
 
 
-def submit(state: ServerState, req: Request, stream: bool, progress: bool = False) -> Job:
-    """Queue req; progress: a stream also gets Progress events (return_progress)."""
+MAX_ANSWERS = 64  # answers (prompts x n) one request may ask for
+
+
+def submit(state: ServerState, reqs: list[Request], stream: bool,
+           progress: bool = False) -> list[Job]:
+    """Queue a request's generations (one per prompt and answer) together: all or none, so a
+    refused request leaves nothing behind. progress: a stream also gets Progress events."""
     _, worker = state.ready()
+    if len(reqs) > MAX_ANSWERS:
+        raise ApiError(400, f"{len(reqs)} answers (prompts x n) in one request; at most "
+                            f"{MAX_ANSWERS}: send several requests")
     timeout = state.settings.timeout
-    job = Job(req, stream, asyncio.get_running_loop(), time.monotonic() + timeout, timeout,
-              progress=stream and progress)
+    loop = asyncio.get_running_loop()
+    jobs = [Job(req, stream, loop, time.monotonic() + timeout, timeout,
+                progress=stream and progress) for req in reqs]
     try:
-        worker.submit(job)
+        worker.submit(jobs)
     except QueueFull as e:
         raise ApiError(503, str(e)) from None
-    return job
+    return jobs
 
 
 async def next_event(http: HttpRequest, state: ServerState,

@@ -63,7 +63,7 @@ async def completions(http: HttpRequest):
     reqs = [build_request(engine, body, ids, n_predict_of(body.max_tokens, body.n_predict),
                           n_probs, state.settings.sampling, constraints=shaped)
             for ids in prompts for _ in range(body.n)]
-    jobs = [submit(state, req, body.stream) for req in reqs]
+    jobs = submit(state, reqs, body.stream)
     meta = _meta(state, "cmpl", "text_completion")
     if body.stream:
         return await sse_response(http, state, jobs[0], _text_chunks(state, meta, n_probs))
@@ -118,7 +118,7 @@ async def chat_completions(http: HttpRequest):
         shaped = (calls.grammar, shaped[1])
     reqs = [build_request(engine, body, ids, n_predict, n_probs, state.settings.sampling,
                           constraints=shaped) for _ in range(body.n)]
-    jobs = [submit(state, req, body.stream, body.return_progress) for req in reqs]
+    jobs = submit(state, reqs, body.stream, body.return_progress)
     meta = _meta(state, "chatcmpl", "chat.completion")
     if body.stream:
         meta["object"] = "chat.completion.chunk"

@@ -137,16 +137,20 @@ class Worker:
             self._cond.notify_all()
         self._thread.join(timeout=10)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue one request's jobs, all or none. They fit when the queue keeps within
+        --queue-size, or when nothing else waits (a request with more answers than the queue
+        holds is then served alone, not refused forever)."""
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._pending) >= self.max_queue:
+            waiting = len(self._pending)
+            if waiting and waiting + len(jobs) > self.max_queue:
                 raise QueueFull(
                     f"the server is busy: all {len(self.engine.slots)} slot(s) are generating and "
-                    f"{len(self._pending)} request(s) are already waiting (the most it queues, "
+                    f"{waiting} request(s) are already waiting (the most it queues, "
                     "--queue-size); retry later")
-            self._pending.append(job)
+            self._pending.extend(jobs)
             self.metrics.queue(len(self._running), len(self._pending))
             self._cond.notify_all()
 
