@@ -554,6 +554,28 @@ def test_health_needs_no_key_but_metrics_does(srv):
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
+def test_every_api_route_needs_the_key(srv):
+    """Every route the OpenAPI description lists, but /health and the page's own files,
+    answers 401 without the key or with a wrong one, whatever the body."""
+    spec = httpx.get(f"{srv.url}/openapi.json", headers=AUTH).json()
+    assert httpx.get(f"{srv.url}/openapi.json").status_code == 401
+    open_ = {"/health", "/v1/health", "/", "/index.html", "/sw.js", "/manifest.webmanifest",
+             "/_app/version.json", "/favicon.ico", "/static/{name}"}
+    checked = 0
+    for path, ops in spec["paths"].items():
+        for method in ops:
+            url = srv.url + path.replace("{id_slot}", "0").replace("{name}", "app.js")
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}):
+                r = httpx.request(method.upper(), url, json={}, headers=headers, timeout=10)
+                if path in open_:
+                    assert r.status_code == 200, (method, path)
+                else:
+                    assert r.status_code == 401, (method, path, r.status_code)
+                    assert r.json()["error"]["type"] == "authentication_error"
+                checked += 1
+    assert checked >= 3 * 25
+
+
 # -- server B: n-gram speculation, no draft, a queue of one, a short timeout --------------------
 
 def test_ngram_benchmark_request_reports_draft_stats(srv_b):

@@ -150,7 +150,9 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler (gcc or cc) on PATH")
-    flags = [*CFLAGS, *extra]
+    # TANDEM_KERNEL_CFLAGS: more flags, e.g. "-fsanitize=address" for a checked build (its own
+    # file: the flags are part of the name)
+    flags = [*CFLAGS, *extra, *os.environ.get("TANDEM_KERNEL_CFLAGS", "").split()]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(b"".join(f.name.encode() + b"\0" + f.read_bytes()
                                   for f in SOURCES + HEADERS)

@@ -42,7 +42,9 @@ from .worker import Delta, Done, Progress
 
 log = logging.getLogger("tandem.server")
 
-PUBLIC_PATHS = ("/health", "/v1/health", "/models", "/v1/models")
+# with --api-key, only these and the page's files (page.PUBLIC) answer without it, as
+# llama-server (0c1e570) has it; the model list, /props, /openapi.json and the rest need it
+PUBLIC_PATHS = ("/health", "/v1/health")
 
 
 def error_response(e: ApiError) -> JSONResponse:
