@@ -170,3 +170,15 @@ def test_the_cli_exits_2_and_the_server_does_not_start(good, tmp_path):
     serve = subprocess.run([sys.executable, "-m", "tandem.cli", "serve", "-m", str(path),
                             "--port", "0"], capture_output=True, text=True, timeout=120)
     assert serve.returncode == 2 and "'blk.0.attn_q.weight'" in serve.stderr, serve.stderr
+
+
+def test_a_special_token_id_outside_the_vocabulary_is_ignored_with_a_warning(good, tmp_path,
+                                                                              caplog):
+    """As llama.cpp: a bad special id is named in the log and the default used."""
+    def edit(r):
+        meta(r, "tokenizer.ggml.eos_token_id")[0] = 99999
+
+    with caplog.at_level("WARNING"):
+        m = load_model(edited(good, tmp_path, edit))
+    assert "tokenizer.ggml.eos_token_id is 99999, not a token id (0..302)" in caplog.text
+    assert m.tokenizer.eos_id is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import threading
 from datetime import datetime
 from functools import lru_cache
@@ -19,6 +20,8 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Engine
 
 from .errors import ModelFileError, TandemError
+
+log = logging.getLogger("tandem.tokenizer")
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -184,7 +187,13 @@ class Tokenizer:
 
         def token_id(key: str, default: int | None = None) -> int | None:
             value = meta.get(f"tokenizer.ggml.{key}", default)
-            return value if value is not None and 0 <= value < n else default
+            if value is None or value is default:
+                return default
+            if type(value) is not int or not 0 <= value < n:  # llama.cpp: warn, use the default
+                log.warning("tokenizer.ggml.%s is %r, not a token id (0..%d): ignored", key,
+                            value, n - 1)
+                return default
+            return value
 
         pre = meta.get("tokenizer.ggml.pre")
         if model == "gpt2":
