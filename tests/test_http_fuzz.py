@@ -53,7 +53,9 @@ def check_answer(status: int, content_type: str, text: str) -> None:
     STATUSES[status] += 1
     assert status < 500 or status == 501, (status, text[:500])
     if "text/event-stream" in content_type:
-        for line in text.splitlines():
+        # events end at "\n" only (SSE): splitlines() would also cut at U+2028 or U+0085,
+        # which a generated text may hold (found by the longer run)
+        for line in text.split("\n"):
             if line.startswith("data: ") and line != "data: [DONE]":
                 event = json.loads(line[6:])
                 if "error" in event:  # an error after the stream began

@@ -82,7 +82,7 @@ def test_several_prompts_stream_interleaved_with_their_index(built):
         "prompt": PROMPTS[:2], "n_predict": 6, "stream": True, "cache_prompt": False, **GREEDY})
     assert r.status_code == 200
     chunks = [httpx.Response(200, content=line[6:]).json()
-              for line in r.text.splitlines() if line.startswith("data: ")]
+              for line in r.text.split("\n") if line.startswith("data: ")]
     by_index = {0: "", 1: ""}
     finals = {}
     for c in chunks:
@@ -501,7 +501,7 @@ def _events(server: Server, path: str, body: dict) -> list[dict]:
 
     r = httpx.post(f"{server.url}{path}", json={**body, "stream": True}, timeout=60)
     assert r.status_code == 200, r.text
-    return [json.loads(line[6:]) for line in r.text.splitlines()
+    return [json.loads(line[6:]) for line in r.text.split("\n")
             if line.startswith("data: ") and line != "data: [DONE]"]
 
 
