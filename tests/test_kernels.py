@@ -108,18 +108,20 @@ def test_rows_are_batch_invariant_bit_for_bit(qtype, bits):
 @pytest.mark.parametrize("qtype", K_QUANTS)
 def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype):
     """From 16 rows the K-quants take the prompt path (weights unpacked once per block of rows,
-    a 4 x 2 micro-kernel). Its rows must be the 1-row products exactly, or a prompt would fill
-    the cache with other values than decoding the same tokens. 37 rows (an odd last row), 42
-    weight rows (a partial group of 4 in each thread's share), K = 2304 (two unpacked chunks),
-    a bias, one and two threads; and still within the rounding bound of the exact product.
-    prompt_rows moves the threshold: the prompt kernel for every product (1) or none (1 << 62)."""
-    n, k, m = 42, 2304, 37
+    a 4 x 2 micro-kernel, 4 x 4 on AVX-512). Its rows must be the 1-row products exactly, or a
+    prompt would fill the cache with other values than decoding the same tokens. 37 rows (a
+    partial last group of activation rows), 74 weight rows (chunks of 32 handed to whichever
+    thread comes free: the last one 10 rows, a partial group of 4), K = 2304 (two unpacked
+    chunks), a bias, one to three threads; and still within the rounding bound of the exact
+    product. prompt_rows moves the threshold: the prompt kernel for every product (1) or none
+    (1 << 62)."""
+    n, k, m = 74, 2304, 37
     raw = _tensor(qtype, n, k, seed=5)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
     x[:, 7] *= 40
     bias = torch.randn(n, generator=torch.Generator().manual_seed(2))
     assert m >= kernels.PROMPT_ROWS
-    for t in (1, 2):
+    for t in (1, 2, 3):
         full = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias, threads=t)
         for i in range(m):
             one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias, threads=t)

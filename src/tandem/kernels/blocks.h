@@ -354,10 +354,11 @@ extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, 
 
 static inline int gemm_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
-/* weight rows [n0, n1) against all M int16 activation rows (xq, xs, xsum as quantize_row
- * leaves them): y = dot + bias, bit for bit the row-by-row kernels' result. Returns 0, or -2
- * when its buffer cannot be allocated (nothing written: the caller takes the row-by-row path). */
-TQ_HIDDEN int gemm_share(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
-                         const int16_t *xq, const float *xs, const float *xsum, int64_t M,
-                         int64_t K, float *y, int64_t N, const float *bias);
+/* The prompt kernel's buffer (NULL when out of memory; free() it), and weight rows [n0, n1)
+ * against all M int16 activation rows (xq, xs, xsum as quantize_row leaves them) with it:
+ * y = dot + bias, bit for bit the row-by-row kernels' result. */
+TQ_HIDDEN void *gemm_buf_new(void);
+TQ_HIDDEN void gemm_range(void *buf, int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
+                          int64_t n1, const int16_t *xq, const float *xs, const float *xsum,
+                          int64_t M, int64_t K, float *y, int64_t N, const float *bias);
 #endif

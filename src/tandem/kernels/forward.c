@@ -260,10 +260,11 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
                     memcpy(vl + at, v + m * KD + j * hd, sizeof(float) * hd);
                 }
             }
-            /* one row and one key/value head per item, dealt round-robin: in a prompt chunk a
-             * row's cost grows with its position, and contiguous halves would leave one thread
-             * with three quarters of the work */
-#pragma omp for schedule(static, 1)
+            /* one row and one key/value head per item, taken by whichever thread is free: in
+             * a prompt chunk a row's cost grows with its position (contiguous halves would leave
+             * one thread with three quarters of the work), and on a shared machine one thread
+             * may be slowed by another process */
+#pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < M * Hkv; i++) {
                 const int64_t m = i / Hkv, j = i % Hkv;
                 const int64_t at = (slots[m] * Hkv + j) * max_len * hd;

@@ -3,9 +3,10 @@
  * row_dot re-derives each weight's int16 value (nibbles, fifth bit, sub-block scale) for every
  * MR = 10 activation rows, and its accumulators and the weights do not fit the 16 vector
  * registers (gcc spills). Here NR = 4 weight rows are unpacked once, KC weights at a time, into
- * an int16 buffer that stays in L1; a micro-kernel then runs 2 activation rows against the 4
- * rows at a time, 8 integer accumulators in registers, for every row of a block of activation
- * rows (up to 64 rows within 2 MiB: L2, or L3 for long rows).
+ * an int16 buffer that stays in L1; a micro-kernel then runs MA activation rows against the 4
+ * rows at a time (AVX2: 2 rows, 8 integer accumulators; AVX-512: 4 rows, 16), for every row of
+ * a block of activation rows (up to 64 rows within 2 MiB: L2, or L3 for long rows). The driver
+ * (matmul.c) hands the weight rows out to the threads in chunks (gemm_range).
  * Each output element gets exactly row_dot's result bit for bit: lane j of each integer sum
  * holds the same products (a vector's 16 weights in the order of the activations, words 2j
  * and 2j + 1), integer sums do not depend on their order, and the float steps (one fma per 256
@@ -19,7 +20,11 @@
 #include "blocks.h"
 
 #define NR 4    /* weight rows per micro-kernel */
-#define MA 2    /* activation rows per micro-kernel */
+#if TQ_AVX512 /* activation rows per micro-kernel: 16 integer accumulators of 32 registers */
+#define MA 4
+#else /* 8 of 16 */
+#define MA 2
+#endif
 #define KC 2048 /* weights per unpacked chunk: NR x KC int16 = 16 KiB */
 #define GMB 64  /* most activation rows per block */
 
@@ -30,8 +35,9 @@ typedef struct {
      * w + (u*NR + r)*32, one 512-bit load against activations 32u..32u+31) */
     int16_t w[KC * NR];
     float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
-    float mn[NR][KC / 256][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
-    float acc[NR][GMB][8], off[NR][GMB][8];
+    float mn[KC / 256][NR][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
+    float acc[NR][GMB][8];
+    float off[GMB][NR][8]; /* activation row m, weight row r: off[m][r] */
 } gemm_buf;
 
 #if TQ_AVX512
@@ -43,7 +49,7 @@ typedef struct {
 #endif
 
 /* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + ROWW r), d (flush group f
- * at d[f * NR]), mn */
+ * at d[f * NR]), mn (super-block sb at mn[sb * NR]) */
 static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
                       float (*mn)[8]) {
     const int bs = five ? 176 : 144;
@@ -52,7 +58,7 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
         __m256 mnv;
         const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
         d[sb * NR] = f16(w);
-        _mm256_storeu_ps(mn[sb], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
+        _mm256_storeu_ps(mn[sb * NR], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
         for (int c = 0; c < 4; c++) {
             __m256i q[4];
             k4_chunk(five, qs, qh, sc16, c, q);
@@ -90,8 +96,11 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
 #if TQ_AVX512
 /* The AVX-512 micro-kernel: s[MA r + i] (16 int32 lanes) += the products of vectors 2u, 2u+1
  * of row r with x_i[32u..32u+31], one vpdpwssd, for u < nv / 2, nr rows (1..NR) against MA
- * activation rows. fold512 then gives the sums the AVX2 micro-kernel holds. (4 activation rows,
- * 16 accumulators, ran no faster: 13.2-13.7 against 13.6-14.0 ms, Q4_K 64 x 8960 x 1536.) */
+ * activation rows. fold512 then gives the sums the AVX2 micro-kernel holds. MA = 4 (16
+ * accumulators): with 2 rows, 13.2-13.7 against 13.6-14.0 ms on a Zen-class CPU (Q4_K
+ * 64 x 8960 x 1536), and on the AVX-512 Xeon the whole prompt kernel with the paired offsets
+ * below took 21.8-22.0 against 23.0-24.0 ms (128 rows, one thread, best of 200, interleaved).
+ * An 8 x 2 kernel (8 weight rows) and this loop in assembly were no faster there. */
 static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
                                                             const int16_t *const x[MA],
                                                             int64_t nv, int nr,
@@ -269,34 +278,58 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
  * so that each row's four sums stay in registers across the chunk. */
 static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64_t G,
                       int64_t k0, int64_t mb, int64_t me) {
-    for (int64_t m = mb; m < me; m++) {
-        const float *xm = xsum + m * G + k0 / 32;
-        if (nr == NR) {
-            /* the first chunk starts from zero */
-            __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-            if (k0) {
-                o0 = _mm256_loadu_ps(b->off[0][m - mb]), o1 = _mm256_loadu_ps(b->off[1][m - mb]);
-                o2 = _mm256_loadu_ps(b->off[2][m - mb]), o3 = _mm256_loadu_ps(b->off[3][m - mb]);
-            }
+    int64_t m = mb;
+#if TQ_AVX512
+    /* two weight rows per register (rows 2p and 2p + 1, each half the 8-lane sum of the AVX2
+     * code) and two activation rows at a time */
+    if (nr == NR)
+        for (; m + 2 <= me; m += 2) {
+            const float *xm = xsum + m * G + k0 / 32;
+            __m512 o[2][NR / 2];
+            for (int i = 0; i < 2; i++)
+                for (int p = 0; p < NR / 2; p++) /* the first chunk starts from zero */
+                    o[i][p] = k0 ? _mm512_loadu_ps(b->off[m + i - mb][2 * p])
+                                 : _mm512_setzero_ps();
             for (int64_t sb = 0; sb < nsb; sb++) {
-                const __m256 x = _mm256_loadu_ps(xm + 8 * sb);
-                o0 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[0][sb]), x, o0);
-                o1 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[1][sb]), x, o1);
-                o2 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[2][sb]), x, o2);
-                o3 = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[3][sb]), x, o3);
+                const __m512 x0 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(xm + 8 * sb))));
+                const __m512 x1 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(xm + G + 8 * sb))));
+                for (int p = 0; p < NR / 2; p++) {
+                    const __m512 mn = _mm512_loadu_ps(b->mn[sb][2 * p]);
+                    o[0][p] = _mm512_fmadd_ps(mn, x0, o[0][p]);
+                    o[1][p] = _mm512_fmadd_ps(mn, x1, o[1][p]);
+                }
             }
-            _mm256_storeu_ps(b->off[0][m - mb], o0);
-            _mm256_storeu_ps(b->off[1][m - mb], o1);
-            _mm256_storeu_ps(b->off[2][m - mb], o2);
-            _mm256_storeu_ps(b->off[3][m - mb], o3);
-        } else {
-            for (int r = 0; r < nr; r++) {
-                __m256 o = k0 ? _mm256_loadu_ps(b->off[r][m - mb]) : _mm256_setzero_ps();
-                for (int64_t sb = 0; sb < nsb; sb++)
-                    o = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[r][sb]),
-                                        _mm256_loadu_ps(xm + 8 * sb), o);
-                _mm256_storeu_ps(b->off[r][m - mb], o);
+            for (int i = 0; i < 2; i++)
+                for (int p = 0; p < NR / 2; p++)
+                    _mm512_storeu_ps(b->off[m + i - mb][2 * p], o[i][p]);
+        }
+#endif
+    if (nr == NR) /* two activation rows at a time: eight independent chains of fmas */
+        for (; m + 2 <= me; m += 2) {
+            const float *xm = xsum + m * G + k0 / 32;
+            __m256 o[2][NR];
+            for (int i = 0; i < 2; i++)
+                for (int r = 0; r < NR; r++) /* the first chunk starts from zero */
+                    o[i][r] = k0 ? _mm256_loadu_ps(b->off[m + i - mb][r]) : _mm256_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                const __m256 x0 = _mm256_loadu_ps(xm + 8 * sb), x1 = _mm256_loadu_ps(xm + G + 8 * sb);
+                for (int r = 0; r < NR; r++) {
+                    const __m256 mn = _mm256_loadu_ps(b->mn[sb][r]);
+                    o[0][r] = _mm256_fmadd_ps(mn, x0, o[0][r]);
+                    o[1][r] = _mm256_fmadd_ps(mn, x1, o[1][r]);
+                }
             }
+            for (int i = 0; i < 2; i++)
+                for (int r = 0; r < NR; r++)
+                    _mm256_storeu_ps(b->off[m + i - mb][r], o[i][r]);
+        }
+    for (; m < me; m++) {
+        const float *xm = xsum + m * G + k0 / 32;
+        for (int r = 0; r < nr; r++) {
+            __m256 o = k0 ? _mm256_loadu_ps(b->off[m - mb][r]) : _mm256_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++)
+                o = _mm256_fmadd_ps(_mm256_loadu_ps(b->mn[sb][r]), _mm256_loadu_ps(xm + 8 * sb), o);
+            _mm256_storeu_ps(b->off[m - mb][r], o);
         }
     }
 }
@@ -316,13 +349,11 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
         const int64_t me = M < mb + mbs ? M : mb + mbs;
         for (int64_t n = n0; n < n1; n += NR) {
             const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
-            for (int r = 0; r < nr; r++) { /* the block's rows only; the offsets (gemm_mins)
-                                            * and the AVX-512 sums start from zero themselves */
-                if (!TQ_AVX512)
+            if (!TQ_AVX512) /* the block's rows only; the AVX-512 sums start from zero */
+                for (int r = 0; r < nr; r++)
                     memset(b->acc[r], 0, sizeof b->acc[r][0] * (me - mb));
-                if (q6)
-                    memset(b->off[r], 0, sizeof b->off[r][0] * (me - mb));
-            }
+            if (q6) /* no offsets; Q4_K / Q5_K's (gemm_mins) start from zero themselves */
+                memset(b->off, 0, sizeof b->off[0] * (me - mb));
             for (int64_t k0 = 0; k0 < K; k0 += KC) {
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
                 for (int r = 0; r < nr; r++) {
@@ -331,7 +362,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                         unpack_q6k(w, kc / 256, b->w + ROWW * r, &b->d[0][r]);
                     else
                         unpack_k4(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
-                                  b->mn[r]);
+                                  &b->mn[0][r]);
                 }
                 for (int64_t m = mb; m < me; m += MA)
                     gemm_micro(b, nr, me - m < MA ? (int)(me - m) : MA, fw, xq, xs, K, G, k0, kc,
@@ -344,7 +375,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                 for (int64_t m = mb; m < me; m++) {
                     /* finish_rows' arithmetic, off = 0 */
                     const float out = hsum8(_mm256_add_ps(_mm256_loadu_ps(b->acc[r][m - mb]),
-                                                          _mm256_loadu_ps(b->off[r][m - mb]))) + 0.f;
+                                                          _mm256_loadu_ps(b->off[m - mb][r]))) + 0.f;
                     y[m * N + n + r] = out + bias_n;
                 }
             }
@@ -352,14 +383,15 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
     }
 }
 
-int gemm_share(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
-               const int16_t *xq, const float *xs, const float *xsum, int64_t M, int64_t K,
-               float *y, int64_t N, const float *bias) {
+void *gemm_buf_new(void) {
     gemm_buf *b = aligned_alloc(64, (sizeof(gemm_buf) + 63) / 64 * 64);
-    if (!b)
-        return -2;
-    memset(b->d, 0, sizeof b->d); /* a partial group of rows multiplies unused lanes */
-    gemm_rows(type, W, row_bytes, n0, n1, xq, xs, xsum, M, K, y, N, bias, b);
-    free(b);
-    return 0;
+    if (b)
+        memset(b->d, 0, sizeof b->d); /* a partial group of rows multiplies unused lanes */
+    return b;
+}
+
+void gemm_range(void *buf, int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
+                const int16_t *xq, const float *xs, const float *xsum, int64_t M, int64_t K,
+                float *y, int64_t N, const float *bias) {
+    gemm_rows(type, W, row_bytes, n0, n1, xq, xs, xsum, M, K, y, N, bias, (gemm_buf *)buf);
 }

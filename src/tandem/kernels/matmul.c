@@ -34,38 +34,16 @@ int tq_matmul_check(int type, int64_t K, int bits) {
     return block_bytes(type) != 0 && K % block_weights(type) == 0 && (bits == 8 || bits == 16);
 }
 
-/* Called by every thread of an OpenMP team (inside a parallel region); returns after a barrier,
- * with y complete. s: scratch for M rows of K (tq_scratch_alloc). The caller has checked the
- * arguments with tq_matmul_check. */
-void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-                    float *y, const float *bias, int bits, const tq_scratch *s,
-                    int64_t prompt_rows) {
-    const int64_t row_bytes = K / block_weights(type) * block_bytes(type), G = K / 32;
-    const int qb = (int)block_weights(type); /* activation scale per weight block */
-    void *xq = s->xq;
-    float *xs = s->xs, *xsum = s->xsum;
-    int16_t *bs = s->bs;
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        if (bits == 16)
-            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K ? 1 + TQ_AVX512 : 0,
-                         (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
-        else
-            quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
-                          bs + m * (K / 16), TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
-    }
-    /* implicit barrier. Rows of x in blocks of MB (a prefill chunk has hundreds): each block's
-     * activations stay in cache while every weight row passes over them. */
-    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
-    /* this thread's share of the weight rows, in tiles of <= 32 KiB that stay in cache while
-     * every MR-row pass of the block goes over them */
-    const int64_t n0 = N * it / nt, n1 = N * (it + 1) / nt;
-    if (bits == 16 && M >= prompt_rows && gemm_type(type) &&
-        gemm_share(type, W, row_bytes, n0, n1, (const int16_t *)xq, xs, xsum, M, K, y, N,
-                   bias) == 0) {
-#pragma omp barrier
-        return;
-    }
+#define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
+
+/* weight rows [n0, n1) against every activation row with the row-by-row kernels. Rows of x in
+ * blocks of MB (a prefill chunk has hundreds): each block's activations stay in cache while
+ * every weight row passes over them, in tiles of <= 32 KiB that stay in cache while every
+ * MR-row pass of the block goes over them */
+static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
+                      void *xq, float *xs, float *xsum, int16_t *bs, int64_t M, int64_t K,
+                      float *y, int64_t N, const float *bias, int bits) {
+    const int64_t G = K / 32;
     /* one pass of at most MR rows (decode, verification) reads each weight row once: no
      * tiles, so the row loop's prefetch runs on across the whole share */
     const int64_t tile = M <= MR ? (n1 > n0 ? n1 - n0 : 1)
@@ -86,6 +64,52 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
                 }
             }
         }
+    }
+}
+
+/* Called by every thread of an OpenMP team (inside a parallel region); returns after a barrier,
+ * with y complete. s: scratch for M rows of K (tq_scratch_alloc). The caller has checked the
+ * arguments with tq_matmul_check. */
+void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
+                    float *y, const float *bias, int bits, const tq_scratch *s,
+                    int64_t prompt_rows) {
+    const int64_t row_bytes = K / block_weights(type) * block_bytes(type), G = K / 32;
+    const int qb = (int)block_weights(type); /* activation scale per weight block */
+    void *xq = s->xq;
+    float *xs = s->xs, *xsum = s->xsum;
+    int16_t *bs = s->bs;
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        if (bits == 16)
+            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K ? 1 + TQ_AVX512 : 0,
+                         (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
+        else
+            quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
+                          bs + m * (K / 16), TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
+    }
+    /* implicit barrier */
+    if (bits == 16 && M >= prompt_rows && gemm_type(type)) {
+        /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so a
+         * thread slowed by another process (a shared machine) leaves its work to the others
+         * instead of holding up the pass at the barrier. Where a thread's buffer cannot be
+         * allocated, it takes its chunks row by row (same bits). */
+        void *buf = gemm_buf_new();
+        const int64_t nch = (N + GCH - 1) / GCH;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t c = 0; c < nch; c++) {
+            const int64_t r0 = c * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
+            if (buf)
+                gemm_range(buf, type, W, row_bytes, r0, r1, (const int16_t *)xq, xs, xsum, M, K,
+                           y, N, bias);
+            else
+                row_range(type, W, row_bytes, r0, r1, xq, xs, xsum, bs, M, K, y, N, bias, bits);
+        }
+        free(buf);
+    } else {
+        /* this thread's share of the weight rows */
+        const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+        row_range(type, W, row_bytes, N * it / nt, N * (it + 1) / nt, xq, xs, xsum, bs, M, K, y,
+                  N, bias, bits);
     }
 #pragma omp barrier
 }
