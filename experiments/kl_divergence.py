@@ -37,7 +37,7 @@ import torch
 
 CODE = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
 PROSE = Path("/usr/share/common-licenses/GPL-3")
-VARIANTS = {"tandem int16": "int16", "tandem int8": "int8"}
+VARIANTS = {"tandem int16": "int16", "tandem int8": "int8", "tandem mixed": "mixed"}
 
 
 def build_text(chars: int) -> str:

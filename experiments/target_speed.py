@@ -35,6 +35,7 @@ PATHS = {
     "native int16 C layers (row-by-row prompt kernel)": [
         "--weights", "native", "--activations", "int16", "TANDEM_PROMPT_KERNEL=0"],
     "native int8 C layers": ["--weights", "native", "--activations", "int8"],
+    "native mixed C layers": ["--weights", "native", "--activations", "mixed"],
     "native int16 PyTorch layers": ["--weights", "native", "--activations", "int16",
                                     "TANDEM_NATIVE_LAYERS=0"],
     "int4 repack (fallback)": ["--weights", "int4"],

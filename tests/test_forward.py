@@ -54,7 +54,7 @@ def _logits(m, ids: list[int], chunk: int, native: bool) -> torch.Tensor:
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("bits", ["int16", "int8"])
+@pytest.mark.parametrize("bits", ["int16", "int8", "mixed"])
 def test_c_layers_match_the_pytorch_layers(qmodel_path, bits):
     m = _load(qmodel_path, bits)
     cache = KVCache(m.args, 1, 128, torch.float32)
@@ -67,10 +67,29 @@ def test_c_layers_match_the_pytorch_layers(qmodel_path, bits):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-def test_rows_do_not_depend_on_the_batch_bit_for_bit(qmodel_path):
+def test_mixed_rounds_the_down_projection_in_int16_only(qmodel_path):
+    """--activations mixed: the C layers give each product its own rounding: the down
+    projection's int16, every other int8. Its logits are neither int8's nor int16's, and equal
+    a model whose down projections alone were switched to int16 on the PyTorch layers."""
+    m8, m16, mix = _load(qmodel_path, "int8"), _load(qmodel_path, "int16"), _load(qmodel_path, "mixed")
+    assert {blk.w_down.bits for blk in mix.model.layers} == {16}
+    assert {blk.wq.bits for blk in mix.model.layers} == {8} and mix.model.output.bits == 8
+    got = _logits(mix, PROMPT, len(PROMPT), native=True)
+    assert not torch.equal(got, _logits(m8, PROMPT, len(PROMPT), native=True))
+    assert not torch.equal(got, _logits(m16, PROMPT, len(PROMPT), native=True))
+    for blk in m8.model.layers:
+        blk.w_down.bits = 16
+    # the same products in C and in PyTorch's layers: within the float order of the rest
+    want = _logits(m8, PROMPT, len(PROMPT), native=False)
+    assert (got - want).abs().max().item() <= 2e-4 * want.abs().max().item()
+    assert torch.equal(got, _logits(m8, PROMPT, len(PROMPT), native=True))
+
+
+@pytest.mark.parametrize("bits", ["int16", "mixed"])
+def test_rows_do_not_depend_on_the_batch_bit_for_bit(qmodel_path, bits):
     """One prompt pass, chunks of 5, and one token at a time give the same bits; so do several
     slots in one pass (verification of drafts for two sequences) against each alone."""
-    m = _load(qmodel_path)
+    m = _load(qmodel_path, bits)
     whole = _logits(m, PROMPT, len(PROMPT), native=True)
     assert torch.equal(_logits(m, PROMPT, 5, native=True), whole)
     assert torch.equal(_logits(m, PROMPT, 1, native=True), whole)
@@ -134,15 +153,14 @@ def test_draft_shortlist_reads_rows_of_the_blocks(qmodel_path):
 def test_every_build_runs_the_layers_to_the_same_bits(qmodel_path, kernel_build):
     """Whole decoder layers (forward.c: norms, rope, attention, SiLU and the products) give
     the AVX2 build's hidden states and cache bit for bit in the AVX-512 builds: a 17-row
-    prompt pass and a one-row decode after it, int16 and int8 activations."""
-    for bits in ("int16", "int8"):
+    prompt pass and a one-row decode after it, int16, int8 and mixed activations."""
+    for bits in ("int16", "int8", "mixed"):
         m = _load(qmodel_path, bits)
         tm = m.model
         out = {}
         for b in ("avx2", kernel_build):
             layers = kernels.NativeLayers(m.args, list(tm.layers), tm.cos, tm.sin,
-                                          16 if bits == "int16" else 8, kernels.PROMPT_ROWS,
-                                          build=b)
+                                          kernels.PROMPT_ROWS, build=b)
             cache = KVCache(m.args, 1, 128, torch.float32)
             x = tm.tok_embeddings[torch.tensor(PROMPT)].float()
             prompt = layers.forward(x, cache.k, cache.v, [0] * len(PROMPT),

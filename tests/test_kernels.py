@@ -219,7 +219,7 @@ def test_a_wrong_ctypes_mirror_is_refused_naming_the_field(monkeypatch):
         assert msg is not None and all(w in msg for w in words), (msg, words)
     # a struct size alone (C padding the mirror lacks)
     padded = {**layout, "tq_linear": (0, layout["tq_linear"][1] + 8)}
-    assert "sizeof tq_linear is 48 in C but 40" in kernels._layout_error(padded)
+    assert "sizeof tq_linear is 56 in C but 48" in kernels._layout_error(padded)
     # and loading refuses the library: unusable, the reason says which field
     monkeypatch.setattr(kernels, "_MIRRORS", ((kernels._Linear, "tq_linear"),
                                               (kernels._Layer, "tq_layer"),

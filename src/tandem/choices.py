@@ -14,9 +14,12 @@ LINEAR_MODES = WEIGHT_MODES[1:]  # what "auto" resolves to
 # --dtype: the compute dtype (auto: float32 for float32 files and native weights, else bf16)
 DTYPES = ("auto", "float32", "bfloat16")
 
-# --activations: how the native kernels round activations per block, by name -> integer bits
-#   int16: max|x| / 16383 steps; int8: llama.cpp's Q8_K / Q8_0 rounding (max|x| / 127)
-ACTIVATIONS = {"int16": 16, "int8": 8}
+# --activations: how the native kernels round activations per block, by name -> the integer
+# bits of every product's activations but the FFN down projection's, and of that one
+#   int16: max|x| / 16383 steps; int8: llama.cpp's Q8_K / Q8_0 rounding (max|x| / 127);
+#   mixed: int8, except int16 for the down projection's input, SiLU(gate) * up, whose outliers
+#   make half of int8's KL divergence (bench/results/kl-divergence-mixed)
+ACTIVATIONS = {"int16": (16, 16), "int8": (8, 8), "mixed": (8, 16)}
 
 # --spec-type: proposers tried in order; auto = n-gram then the draft model, k chosen per step
 SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "auto")

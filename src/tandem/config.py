@@ -332,7 +332,13 @@ class Numerics:
 
     @property
     def bits(self) -> int:
-        return ACTIVATIONS[self.activations]
+        """The activation bits of every product but the FFN down projection's."""
+        return ACTIVATIONS[self.activations][0]
+
+    @property
+    def down_bits(self) -> int:
+        """The activation bits of the FFN down projection's product."""
+        return ACTIVATIONS[self.activations][1]
 
     @property
     def thread_count(self) -> int:
@@ -372,7 +378,8 @@ class EngineConfig:
         "--activations", choices=tuple(ACTIVATIONS),
         help="native weights only: how the kernels round activations per block. int16: within "
              "1/32766 of the block's largest value; int8: llama.cpp's Q8_K/Q8_0 rounding "
-             "(1/254), faster, less exact"))
+             "(1/254), faster, less exact; mixed: int8 except int16 for the FFN down "
+             "projection, whose input carries most of int8's error"))
     activations_draft: str = field(default="int8", metadata=flag(
         "--activations-draft", choices=tuple(ACTIVATIONS),
         help="the same for the draft model; int8 by default: the draft only proposes and the "

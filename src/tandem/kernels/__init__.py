@@ -274,7 +274,7 @@ def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int, *, threads: i
 
 class _Linear(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
-                ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+                ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("bits", ctypes.c_int64)]
 
 
 class _Layer(ctypes.Structure):
@@ -285,7 +285,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_len",
-        "rope_interleaved", "bits", "prompt_rows")] + [
+        "rope_interleaved", "prompt_rows")] + [
         ("eps", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
         ("layers", ctypes.c_void_p)]
 
@@ -302,11 +302,12 @@ class NativeLayers:
 
     Built from the layers' GGUF blocks (read in place), float32 norms and rope tables; the
     object keeps every array it points into alive. `from_model` returns None when the model
-    cannot take this path (a linear that is not GGUF blocks, mixed activation rounding, a
-    shape forward.c does not handle, or no native kernels here).
+    cannot take this path (a linear that is not GGUF blocks, a shape forward.c does not
+    handle, or no native kernels here). Each product rounds its activations as its linear's
+    `bits` say (`--activations mixed`: int16 for the FFN down projection only).
     """
 
-    def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, bits: int,
+    def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor,
                  prompt_rows: int, build: str | None = None):
         self.build = build  # a VARIANTS name, None: this CPU's
         self._keep: list[object] = [cos, sin]
@@ -322,11 +323,12 @@ class NativeLayers:
                 self._keep.append(lin)
                 setattr(lay, field, _Linear(
                     KERNEL_TYPES[lin.type_name], lin.out_features, lin.in_features,
-                    lin.blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr()))
+                    lin.blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr(),
+                    lin.bits))
         self._model = _Model(
             n_layers=len(layers), dim=args.dim, n_heads=args.n_heads,
             n_kv_heads=args.n_kv_heads, head_dim=args.head_dim, ffn_dim=args.ffn_dim,
-            rope_len=cos.shape[0], rope_interleaved=int(args.rope_interleaved), bits=bits,
+            rope_len=cos.shape[0], rope_interleaved=int(args.rope_interleaved),
             prompt_rows=prompt_rows, eps=args.norm_eps, cos=cos.data_ptr(), sin=sin.data_ptr(),
             layers=ctypes.addressof(self._layers))
 
@@ -342,16 +344,12 @@ class NativeLayers:
             return None
         if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
             return None
-        bits = set()
         for blk in layers:
             for attr in LAYER_LINEARS.values():
                 lin = getattr(blk, attr)
                 if getattr(lin, "type_name", None) not in KERNEL_TYPES or not hasattr(lin, "blocks"):
                     return None
-                bits.add(lin.bits)
-        if len(bits) != 1:
-            return None
-        return cls(args, layers, cos, sin, bits.pop(), prompt_rows)
+        return cls(args, layers, cos, sin, prompt_rows)
 
     def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 slots: list[int], positions: list[int], *, threads: int) -> torch.Tensor:

@@ -29,13 +29,13 @@
 #define FIELD(s, f) {#s "." #f, offsetof(s, f), sizeof(((s *)0)->f)}
 static const tq_field layout[] = {
     STRUCT(tq_linear), FIELD(tq_linear, type), FIELD(tq_linear, N), FIELD(tq_linear, K),
-    FIELD(tq_linear, W), FIELD(tq_linear, bias),
+    FIELD(tq_linear, W), FIELD(tq_linear, bias), FIELD(tq_linear, bits),
     STRUCT(tq_layer), FIELD(tq_layer, attn_norm), FIELD(tq_layer, ffn_norm),
     FIELD(tq_layer, wq), FIELD(tq_layer, wk), FIELD(tq_layer, wv), FIELD(tq_layer, wo),
     FIELD(tq_layer, gate), FIELD(tq_layer, up), FIELD(tq_layer, down),
     STRUCT(tq_model), FIELD(tq_model, n_layers), FIELD(tq_model, dim), FIELD(tq_model, n_heads),
     FIELD(tq_model, n_kv_heads), FIELD(tq_model, head_dim), FIELD(tq_model, ffn_dim),
-    FIELD(tq_model, rope_len), FIELD(tq_model, rope_interleaved), FIELD(tq_model, bits),
+    FIELD(tq_model, rope_len), FIELD(tq_model, rope_interleaved),
     FIELD(tq_model, prompt_rows), FIELD(tq_model, eps), FIELD(tq_model, cos),
     FIELD(tq_model, sin), FIELD(tq_model, layers),
     {NULL, 0, 0}};
@@ -190,12 +190,12 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
     }
 }
 
-static int linear_ok(const tq_linear *l, int64_t N, int64_t K, int bits) {
-    return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, bits);
+static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
+    return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, (int)l->bits);
 }
 
 #define MATMUL(l, in, out, rows)                                                              \
-    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, bits, &scr, \
+    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, (int)(l).bits, &scr, \
                    md->prompt_rows)
 
 /* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
@@ -205,8 +205,7 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
                float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads) {
     const int64_t D = md->dim, H = md->n_heads, Hkv = md->n_kv_heads, hd = md->head_dim;
     const int64_t F = md->ffn_dim, QD = H * hd, KD = Hkv * hd;
-    const int bits = (int)md->bits;
-    if (M <= 0 || D % 32 || hd % 8 || H % Hkv || (bits != 8 && bits != 16))
+    if (M <= 0 || D % 32 || hd % 8 || H % Hkv)
         return -1;
     for (int64_t m = 0; m < M; m++)
         if (slots[m] < 0 || slots[m] >= n_slots || pos[m] < 0 || pos[m] >= max_len ||
@@ -214,10 +213,10 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
             return -1;
     for (int64_t l = 0; l < md->n_layers; l++) {
         const tq_layer *L = md->layers + l;
-        if (!linear_ok(&L->wq, QD, D, bits) || !linear_ok(&L->wk, KD, D, bits) ||
-            !linear_ok(&L->wv, KD, D, bits) || !linear_ok(&L->wo, D, QD, bits) ||
-            !linear_ok(&L->gate, F, D, bits) || !linear_ok(&L->up, F, D, bits) ||
-            !linear_ok(&L->down, D, F, bits))
+        if (!linear_ok(&L->wq, QD, D) || !linear_ok(&L->wk, KD, D) ||
+            !linear_ok(&L->wv, KD, D) || !linear_ok(&L->wo, D, QD) ||
+            !linear_ok(&L->gate, F, D) || !linear_ok(&L->up, F, D) ||
+            !linear_ok(&L->down, D, F))
             return -1;
     }
     int64_t kmax = D > QD ? D : QD;

@@ -46,6 +46,7 @@ typedef struct {
     int64_t type, N, K;
     const uint8_t *W;
     const float *bias; /* N values or NULL */
+    int64_t bits;      /* how tq_matmul rounds this product's activations: 16 or 8 */
 } tq_linear;
 
 typedef struct {
@@ -55,7 +56,7 @@ typedef struct {
 
 typedef struct {
     int64_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, rope_len;
-    int64_t rope_interleaved, bits;
+    int64_t rope_interleaved;
     int64_t prompt_rows; /* tq_matmul's, for every product */
     float eps;
     const float *cos, *sin; /* (rope_len, head_dim / 2) */

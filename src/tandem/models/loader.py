@@ -244,8 +244,10 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         raw = g.tensors.get(base + ".weight")
         if raw is None:
             raise ModelFileError(f"missing tensor {base + '.weight'!r}")
-        return make_linear(raw, dt, mode, bias=g.tensors.get(base + ".bias"), bits=bits,
-                           threads=threads, prompt_rows=prompt_rows)
+        down = base.endswith(GGUF_NAMES["w_down"].rsplit(".", 1)[1])
+        return make_linear(raw, dt, mode, bias=g.tensors.get(base + ".bias"),
+                           bits=numerics.down_bits if down else bits, threads=threads,
+                           prompt_rows=prompt_rows)
 
     def embedding(name: str) -> tuple[object, torch.nn.Module] | None:
         raw = g.tensors.get(name)
