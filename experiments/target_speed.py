@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shlex
 import statistics
@@ -57,6 +58,11 @@ def run_once(model: str, flags: list[str], threads: int, n_predict: int) -> dict
     return json.loads(out.stdout)
 
 
+def busy() -> None:
+    while True:
+        pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
@@ -66,9 +72,14 @@ def main() -> int:
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated labels")
     ap.add_argument("--against", metavar="REV",
                     help="also time the default path as git revision REV computes it")
+    ap.add_argument("--busy", action="store_true",
+                    help="a busy process beside the runs (a neighbour on a shared machine)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     labels = a.paths.split(",")
+    if a.busy:
+        neighbour = multiprocessing.Process(target=busy, daemon=True)
+        neighbour.start()
     tmp = None
     if a.against:
         rev = subprocess.run(["git", "rev-parse", "--short", a.against], cwd=ROOT, check=True,
@@ -99,7 +110,8 @@ def main() -> int:
     lines = [f"# Target-alone speed: {a.model}, {a.threads} threads", "",
              f"Command: `python {cmd}`", "",
              f"Prompt: {runs[labels[0]][0]['timings']['prompt_n']} tokens; "
-             f"{a.n_predict} generated tokens, greedy; {a.runs} runs per path, interleaved.", "",
+             f"{a.n_predict} generated tokens, greedy; {a.runs} runs per path, interleaved"
+             + ("; a busy process beside them." if a.busy else "."), "",
              "| path | prefill tok/s median (min-max) | decode tok/s median (min-max) | "
              "same output every run |", "|---|---|---|---|"]
     for lab in labels:

@@ -365,6 +365,11 @@ class EngineConfig:
         "-np", "--parallel", help="slots: requests generated at once, batched in one pass"))
     n_threads: int = field(default=0, metadata=flag(
         "-t", "--threads", help="CPU threads (0 = PyTorch's default: the physical cores)"))
+    threads_fixed: bool = field(default=False, metadata=flag(
+        "--threads-fixed",
+        help="run every pass on --threads threads even while other processes keep some of the "
+             "CPUs busy (default: one thread fewer per CPU they take, since every product waits "
+             "for its slowest thread; the output is the same either way)"))
     dtype: str = field(default="auto", metadata=flag(
         "--dtype", choices=DTYPES,
         help="compute dtype: auto = float32 for float32 files and native weights, else bfloat16"))

@@ -3,11 +3,9 @@
 `add` gives a request a slot; its prompt (all but the last token) is then read in chunks by the
 steps, between the other sequences' tokens. One iteration (`step`):
 
-    draft = speculator.draft(budget, batch)      for each generating sequence (proposers, sizes
-                                                 and controllers: speculative/speculator.py)
-    logits = target([last, *draft], chunks)     every generating sequence and the waiting
-                                                 prompts' chunks in one pass, unpadded; each row
-                                                 computed as if alone
+    draft = speculator.draft(budget, batch)      each generating sequence's (speculator.py)
+    logits = target([last, *draft], chunks)     all generating rows and waiting prompts' chunks
+                                                 in one pass, unpadded, each row as if alone
     res = verify(draft, logits)                  accepted + 1 tokens (recovered or bonus)
     cache.append(slot, [last, *accepted])        the rejected positions are never recorded
     speculator.accept(draft, n, tokens)          proposers roll back what the target rejected
@@ -24,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import EngineConfig, SamplingParams, SpecConfig
+from .cpushare import CpuShare
 from .errors import TandemError
 from .grammar import Guide, bias_vector, constrain
 from .models.decoder import KVCache
@@ -189,6 +188,8 @@ class Engine:
         # what every sequence's speculation shares: pass costs, the draft model, the pool
         self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
                                        spec.suffix_pool, shared_catch_up=4 * cfg.batch_size)
+        # threads per pass: fewer while other processes keep CPUs busy (cpushare.py)
+        self.cpu = CpuShare(max(m.model.threads for m in (target, draft) if m), cfg.threads_fixed)
 
     @property
     def costs(self) -> CostModel:
@@ -431,13 +432,13 @@ class Engine:
         a waiting prompt gets a chunk that takes about twice the time of the generating rows
         (`_prompt_share`), within `batch_size` rows in all, and those rows carry no draft; so a
         new prompt costs the running streams passes three times as long while it is read, not
-        a silence as long as the prompt. With no sequence generating, a prompt goes in
-        chunks of batch_size (llama-server's -b: 512 by default). Each row is computed as it would be alone,
-        so the outputs do not depend on what shares the pass. Returns the active sequences
-        (check .done, take_text())."""
+        a silence as long as the prompt. With no sequence generating, a prompt goes in chunks
+        of batch_size (llama-server's -b). Each row is computed as it would be alone, so the
+        outputs do not depend on what shares the pass. Returns the active sequences."""
         seqs = self.active()
         if not seqs:
             return []
+        self.cpu.apply()
         gen = [s for s in seqs if not s.prefilling]
         filling = sorted((s for s in seqs if s.prefilling), key=lambda s: s.t_start)
         waiting = sum(s.n_prompt - 1 - s.prefill_at for s in filling)

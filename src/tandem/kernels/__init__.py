@@ -232,6 +232,22 @@ def _lib_or_raise(name: str | None = None) -> ctypes.CDLL:
     return lib
 
 
+_thread_cap = 0  # at most this many threads per call; 0: none (cap_threads)
+
+
+def cap_threads(n: int) -> int:
+    """From now on every product and pass runs on at most n threads (0: as many as asked);
+    the engine lowers it while other processes keep CPUs busy (cpushare.py). The results do not
+    depend on it. Returns the previous cap."""
+    global _thread_cap
+    before, _thread_cap = _thread_cap, max(0, n)
+    return before
+
+
+def _threads(n: int) -> int:
+    return min(n, _thread_cap) if _thread_cap else n
+
+
 def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
            bias: torch.Tensor | None = None, *, bits: int = 16, threads: int = 1,
            prompt_rows: int = PROMPT_ROWS, build: str | None = None) -> torch.Tensor:
@@ -250,7 +266,7 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
     rc = lib.tq_matmul(KERNEL_TYPES[type_name], blocks.ctypes.data, n, k, rows.data_ptr(),
                        rows.shape[0], y.data_ptr(), None if bias is None else bias.data_ptr(),
-                       threads, bits, prompt_rows)
+                       _threads(threads), bits, prompt_rows)
     if rc != 0:
         raise TandemError(f"tq_matmul({type_name}, N={n}, K={k}) failed with {rc}")
     return y.view(*x.shape[:-1], n)
@@ -363,7 +379,8 @@ class NativeLayers:
         pos_a = (ctypes.c_int64 * m)(*positions)
         n_slots, max_len = k_cache.shape[1], k_cache.shape[3]
         rc = lib.tq_forward(ctypes.byref(self._model), k_cache.data_ptr(), v_cache.data_ptr(),
-                            n_slots, max_len, x.data_ptr(), m, slot_a, pos_a, threads)
+                            n_slots, max_len, x.data_ptr(), m, slot_a, pos_a,
+                            _threads(threads))
         if rc != 0:
             raise TandemError(f"tq_forward failed with {rc} (rows {m}, positions "
                               f"{min(positions)}..{max(positions)}, cache length {max_len})")

@@ -35,6 +35,7 @@ int tq_matmul_check(int type, int64_t K, int bits) {
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
+#define DCH_BYTES 131072 /* weight bytes per chunk of the decode products' dynamic split */
 
 /* weight rows [n0, n1) against every activation row with the row-by-row kernels. Rows of x in
  * blocks of MB (a prefill chunk has hundreds): each block's activations stay in cache while
@@ -105,8 +106,21 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
                 row_range(type, W, row_bytes, r0, r1, xq, xs, xsum, bs, M, K, y, N, bias, bits);
         }
         free(buf);
+    } else if (M <= MR) {
+        /* decode and verification: chunks of about DCH_BYTES of weight rows, handed out as
+         * threads come free (as the prompt kernel's), so a thread that loses its core to another
+         * process leaves the rest of the product to the others instead of holding up the pass
+         * at the barrier. A chunk is rows n0..n1 of the same row-by-row kernel: same bits. */
+        const int64_t ch = row_bytes >= DCH_BYTES / 4 ? 4 : DCH_BYTES / row_bytes;
+        const int64_t nch = (N + ch - 1) / ch;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t c = 0; c < nch; c++) {
+            const int64_t r0 = c * ch, r1 = N < r0 + ch ? N : r0 + ch;
+            row_range(type, W, row_bytes, r0, r1, xq, xs, xsum, bs, M, K, y, N, bias, bits);
+        }
     } else {
-        /* this thread's share of the weight rows */
+        /* row-by-row prompt chunks (int8, or types without the prompt kernel): this thread's
+         * share of the weight rows, whose tiles stay in cache across the activation blocks */
         const int nt = omp_get_num_threads(), it = omp_get_thread_num();
         row_range(type, W, row_bytes, N * it / nt, N * (it + 1) / nt, xq, xs, xsum, bs, M, K, y,
                   N, bias, bits);

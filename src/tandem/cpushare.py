@@ -1,0 +1,101 @@
+"""How many threads a pass should use on a machine other processes share.
+
+Every product of a pass ends at a barrier where each thread waits for the slowest. When another
+process keeps one of the CPUs busy, the thread on that CPU runs only part of the time and every
+barrier waits for it: on the 2-CPU AVX-512 Xeon with a busy loop beside it, the target decoded
+4.4 tok/s with 2 threads and 6.9 with 1 (`bench/results/threads-busy/`). So before each pass the
+engine asks `CpuShare.threads()`: the CPUs this process may run on (its affinity) less the CPU
+time other processes used on them over the last window, read from /proc/stat (user, nice,
+system, irq, softirq of those CPUs) less this process's own CPU time (`os.times`, every thread).
+Steal time (a hypervisor's) is not counted: it takes both vCPUs alike. The kernels give the same
+bits with any number of threads, so the output never depends on this.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from . import kernels
+
+log = logging.getLogger("tandem.engine")
+
+WINDOW = 0.5  # seconds between readings
+KEEP = 0.5    # a CPU counts as free while others use less than half of it
+
+
+def _proc_stat(path: str = "/proc/stat") -> dict[int, float]:
+    """Seconds each CPU spent on work (user, nice, system, irq, softirq) since boot."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *v = line.split()
+                user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in v[:7])
+                out[int(name[3:])] = (user + nice + system + irq + softirq) / hz
+    return out
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class CpuShare:
+    """threads(): `wanted` less the CPUs other processes keep busy, at least 1.
+
+    Readings come at most every WINDOW seconds; between them the last answer holds. Where
+    /proc/stat cannot be read (not Linux), or with `fixed`, the answer is always `wanted`."""
+
+    def __init__(self, wanted: int, fixed: bool = False, *,
+                 stat: Callable[[], dict[int, float]] = _proc_stat,
+                 own: Callable[[], float] = _own_cpu, clock: Callable[[], float] = time.monotonic,
+                 cpus: set[int] | None = None) -> None:
+        self.wanted = max(1, wanted)
+        self._stat, self._own, self._clock = stat, own, clock
+        self.cpus = cpus if cpus is not None else set(os.sched_getaffinity(0))
+        self.fixed = fixed  # --threads-fixed: always `wanted`
+        self.current = self.wanted
+        self._applied: int | None = None  # what apply() last set
+        self.others = 0.0  # CPUs' worth of other processes' work over the last window
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        try:
+            busy = sum(s for c, s in self._stat().items() if c in self.cpus)
+        except (OSError, ValueError):
+            return None
+        return self._clock(), busy, self._own()
+
+    def threads(self) -> int:
+        if self.fixed or self.wanted == 1 or self._last is None:
+            return self.wanted
+        if self._clock() - self._last[0] < WINDOW:
+            return self.current
+        now = self._read()
+        if now is None:
+            return self.current
+        dt = now[0] - self._last[0]
+        self.others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / dt
+        self._last = now
+        free = len(self.cpus) - self.others
+        self.current = max(1, min(self.wanted, int(free + KEEP)))
+        return self.current
+
+    def apply(self) -> int:
+        """Cap every product's threads at threads() (kernels.cap_threads), and PyTorch's own
+        operations' (sampling, the embedding); log a change."""
+        n = self.threads()
+        if n != self._applied:
+            kernels.cap_threads(0 if n == self.wanted else n)
+            torch.set_num_threads(n)
+            if self._applied is not None:
+                log.info("threads per pass %d -> %d: other processes use %.1f of %d CPUs",
+                         self._applied, n, self.others, len(self.cpus))
+            self._applied = n
+        return n
