@@ -159,13 +159,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _setup_logging() -> None:
-    logger = logging.getLogger("tandem.server")
-    if not logger.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("tandem: %(message)s"))
-        logger.addHandler(h)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    for name in ("tandem.server", "tandem.engine"):  # the engine's: threads per pass changed
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(logging.Formatter("tandem: %(message)s"))
+            logger.addHandler(h)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
 
 
 def _settings(a: argparse.Namespace):
