@@ -147,7 +147,6 @@ def test_bad_flags_fail_before_listening(tmp_path):
     t0 = time.monotonic()
     for args, message in ((["--model", str(tmp_path / "missing.gguf")], "no such file"),
                           (["--spec-type", "eagle"], "unknown spec type 'eagle'"),
-                          (["--context-shift"], "--context-shift is not supported"),
                           (["--temp", "hot"], "--temp: invalid float value"),
                           (["--top-p", "2"], "top_p must be between 0 and 1")):
         r = subprocess.run([*SERVE, *args, "--port", str(free_port())], capture_output=True,
@@ -196,6 +195,8 @@ def test_llama_server_flags_have_their_meaning(tmp_path):
     assert (s.sampling.temperature, s.sampling.seed, s.sampling.n_predict) == (0.0, 7, 32)
     assert s.sampling.stop == ["\n\n"] and s.sampling.top_k == 40  # the rest: llama.cpp's
     assert not s.slots_endpoint and s.engine.batch_size == 256
+    assert not s.engine.context_shift  # --no-context-shift, llama-server's default
+    assert cli._settings(p.parse_args(["--context-shift"])).engine.context_shift
 
 
 def test_server_sampling_flags_are_request_defaults():

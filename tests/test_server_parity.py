@@ -4,7 +4,7 @@ ported onto tiny models (experiments/llama_suite runs that suite itself against 
 Two servers start once for the module, with one tiny qwen2 model:
 - FULL: llama-server's optional features on: 2 slots sharing --ctx-size 512 (256 each),
   --embedding --pooling mean, --slot-save-path, --cors-origins localhost, --alias b,a,
-  --tags, -v (answers carry __verbose);
+  --tags, -v (answers carry __verbose), --context-shift;
 - PLAIN: the model alone, every optional feature at its default (off).
 """
 
@@ -37,7 +37,8 @@ def built(tmp_path_factory):
     full = Server(["--model", str(path), "--ctx-size", "512", "--parallel", "2", "-t", "1",
                    "--spec-type", "ngram-simple", "--embedding", "--pooling", "mean",
                    "--slot-save-path", str(d / "slots"), "--cors-origins", "localhost",
-                   "--alias", "b,a", "--tags", "chat,small", "-v", "--metrics"],
+                   "--alias", "b,a", "--tags", "chat,small", "-v", "--metrics",
+                   "--context-shift"],
                   d / "full.log")
     plain = Server(["--model", str(path), "--ctx-size", "256", "-t", "1"], d / "plain.log")
     try:
@@ -215,6 +216,26 @@ def test_ctx_size_is_the_total_over_slots(built):
     err = r.json()["error"]
     assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
     assert err["n_ctx"] == 256
+
+
+def test_context_shift_goes_on_past_a_full_slot(built):
+    """llama.cpp's test_ctx_shift_enabled: a 200-token prompt in a 256-token slot still gets
+    its 96 tokens with --context-shift, and the answer says truncated; without the flag the
+    generation stops where the slot is full (also truncated)."""
+    prompt = [(11 * i + 5) % 200 + 3 for i in range(200)]
+    body = {"prompt": prompt, "n_predict": 96, "ignore_eos": True, **GREEDY}
+    out = ok(post(built.full, "/completion", body))
+    assert out["timings"]["prompt_n"] == 200 and out["timings"]["predicted_n"] == 96
+    assert out["truncated"] is True and out["stop_type"] == "limit"
+    kept = ok(post(built.full, "/completion", {**body, "n_keep": -1, "n_discard": 8}))
+    assert kept["timings"]["predicted_n"] == 96 and kept["truncated"] is True
+    assert kept["generation_settings"]["n_keep"] == -1
+    short = ok(post(built.full, "/completion", {**body, "n_predict": 20}))
+    assert short["tokens_predicted"] == 20 and short["truncated"] is False
+    plain = ok(post(built.plain, "/completion", body))
+    assert plain["tokens_predicted"] == 56 and plain["truncated"] is True
+    r = post(built.full, "/completion", {**body, "n_keep": -2})
+    assert r.status_code == 400 and "n_keep" in r.text
 
 
 def test_aliases_and_tags(built):

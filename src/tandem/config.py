@@ -398,6 +398,9 @@ class EngineConfig:
              "about twice their time (measured), within this limit, so running streams keep "
              "getting tokens while a long prompt is read"))
     prefill_chunk: int = 512  # prompt tokens per target pass when no slot is generating
+    # a full context drops half its tokens after the request's n_keep and generation goes on
+    # (llama-server's --context-shift; the server's flag sets it), instead of stopping
+    context_shift: bool = False
     kernels: bool = field(default_factory=lambda: _env_switch("TANDEM_KERNELS"))
     prompt_kernel: bool = field(default_factory=lambda: _env_switch("TANDEM_PROMPT_KERNEL"))
     native_layers: bool = field(default_factory=lambda: _env_switch("TANDEM_NATIVE_LAYERS"))

@@ -27,7 +27,7 @@ from .errors import TandemError
 from .grammar import Guide, bias_vector, constrain
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
-from .sampling import logits_to_probs, make_generator
+from .sampling import TokenLogprobs, make_generator, token_logprobs
 from .speculative.controller import AcceptanceTracker, CostModel
 from .speculative.speculator import Speculation, Speculator
 from .speculative.stats import SpecStats
@@ -53,16 +53,10 @@ class Request:
     post_sampling: bool = False
     grammar: str | None = None  # an llguidance grammar (grammar.py from_gbnf/from_json_schema)
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to the target's logits
-
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """The target's log-probability of an output token (raw logits, temperature 1), and the
-    n most likely tokens at that position as (id, logprob), most likely first."""
-
-    id: int
-    logprob: float
-    top: list[tuple[int, float]]
+    # with --context-shift: the tokens a full context keeps (-1: the prompt), and how many of
+    # those after them it drops (0: half)
+    n_keep: int = 0
+    n_discard: int = 0
 
 
 @dataclass(slots=True)
@@ -97,6 +91,7 @@ class Sequence:
     n_new: int = 0  # tokens produced by the last step
     guide: Guide | None = None  # the request's grammar state
     bias: torch.Tensor | None = None  # (V,) the request's logit biases
+    truncated: bool = False  # the context was shifted (tokens dropped) while generating
 
     @property
     def done(self) -> bool:
@@ -146,20 +141,6 @@ def _partial_stop(text: str, stops: list[str]) -> int:
                 best = n
                 break
     return best
-
-
-def _logprobs(rows: torch.Tensor, ids: list[int], n: int,
-              post: SamplingParams | None = None) -> list[TokenLogprobs]:
-    """(T, V) logits, the T tokens chosen from them -> their log-probabilities and top n; with
-    `post`, of the distribution the sampler drew from, tokens of probability 0 left out."""
-    if post is None:
-        lp = torch.log_softmax(rows.float(), dim=-1)  # (T, V)
-    else:
-        lp = torch.log(logits_to_probs(rows, post))  # -inf where the sampler rules a token out
-    top_v, top_i = lp.topk(min(n, lp.shape[-1]), dim=-1)  # (T, n)
-    chosen = lp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
-    return [TokenLogprobs(t, c, [(i, v) for i, v in zip(ti, tv) if v != float("-inf")])
-            for t, c, ti, tv in zip(ids, chosen, top_i.tolist(), top_v.tolist())]
 
 
 SLOT_FORMAT = "tandem-slot-1"  # save_slot's file: torch.save of tokens, K and V, model identity
@@ -440,6 +421,9 @@ class Engine:
             return []
         self.cpu.apply()
         gen = [s for s in seqs if not s.prefilling]
+        for s in gen:
+            if self.cfg.context_shift and len(s.tokens) >= self.cfg.ctx_size:
+                self._shift(s)
         filling = sorted((s for s in seqs if s.prefilling), key=lambda s: s.t_start)
         waiting = sum(s.n_prompt - 1 - s.prefill_at for s in filling)
         limit = self.cfg.batch_size
@@ -509,12 +493,25 @@ class Engine:
                 if s.guide.failed and not s.done:  # cannot happen with masked rows; if it
                     self._finish(s, "eos")  # did, nothing could follow
             if s.req.n_probs > 0 and s.n_new:
-                s.logprobs.extend(_logprobs(mine[: s.n_new], s.output[-s.n_new:],
+                s.logprobs.extend(token_logprobs(mine[: s.n_new], s.output[-s.n_new:],
                                             s.req.n_probs,
                                             s.req.sampling if s.req.post_sampling else None))
         for s in filling:
             s.n_new = 0
         return seqs
+
+    def _shift(self, seq: Sequence) -> None:
+        """llama-server's context shift, on a full context: keep the first n_keep tokens (-1:
+        the prompt; at most the context less 4), drop n_discard of those after them (0: half),
+        move the rest down (KVCache.shift), and go on generating; the answer is truncated."""
+        n = self.cache.length(seq.slot)  # every token but the last
+        keep = min(seq.n_prompt if seq.req.n_keep < 0 else seq.req.n_keep, self.cfg.ctx_size - 4)
+        discard = max(1, min(seq.req.n_discard or (n - keep) // 2, n - keep - 1))
+        self.cache.shift(seq.slot, keep, discard)
+        del seq.tokens[keep: keep + discard]
+        if seq.speculator is not None:
+            seq.speculator.shift(keep, discard)
+        seq.truncated = True
 
     def _finish(self, seq: Sequence, why: str) -> None:
         seq.stop_type = why
@@ -558,7 +555,7 @@ class Engine:
             if sp.n_predict >= 0 and len(seq.output) >= sp.n_predict:
                 seq.stop_type = "limit"
                 break
-            if len(seq.tokens) >= self.cfg.ctx_size:
+            if len(seq.tokens) >= self.cfg.ctx_size and not self.cfg.context_shift:
                 seq.stop_type = "limit"
                 break
         if seq.done:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -139,3 +140,27 @@ def sample(probs: torch.Tensor, gen: torch.Generator | None) -> int:
 def greedy(logits: torch.Tensor) -> int:
     """The argmax token id of logits (V,)."""
     return int(torch.argmax(logits).item())
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """The target's log-probability of an output token (raw logits, temperature 1), and the
+    n most likely tokens at that position as (id, logprob), most likely first."""
+
+    id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(rows: torch.Tensor, ids: list[int], n: int,
+              post: SamplingParams | None = None) -> list[TokenLogprobs]:
+    """(T, V) logits, the T tokens chosen from them -> their log-probabilities and top n; with
+    `post`, of the distribution the sampler drew from, tokens of probability 0 left out."""
+    if post is None:
+        lp = torch.log_softmax(rows.float(), dim=-1)  # (T, V)
+    else:
+        lp = torch.log(logits_to_probs(rows, post))  # -inf where the sampler rules a token out
+    top_v, top_i = lp.topk(min(n, lp.shape[-1]), dim=-1)  # (T, n)
+    chosen = lp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
+    return [TokenLogprobs(t, c, [(i, v) for i, v in zip(ti, tv) if v != float("-inf")])
+            for t, c, ti, tv in zip(ids, chosen, top_i.tolist(), top_v.tolist())]

@@ -31,6 +31,10 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self.rope = (args.head_dim, args.rope_theta, args.rope_interleaved)
+        # per slot after a context shift (`shift`): how many leading positions still hold what
+        # reading those tokens computes; a later request reuses no more than that
+        self.exact: list[int | None] = [None] * n_slots
 
     @property
     def nbytes(self) -> int:
@@ -41,6 +45,8 @@ class KVCache:
 
     def truncate(self, slot: int, length: int) -> None:
         del self.tokens[slot][length:]
+        if self.exact[slot] is not None and length <= self.exact[slot]:
+            self.exact[slot] = None
 
     def append(self, slot: int, ids: list[int]) -> None:
         """Record that ids were just written at the slot's end."""
@@ -53,7 +59,34 @@ class KVCache:
             if a != b:
                 break
             n += 1
-        return n
+        return n if self.exact[slot] is None else min(n, self.exact[slot])
+
+    def shift(self, slot: int, keep: int, discard: int) -> None:
+        """llama-server's context shift: positions keep .. keep + discard - 1 of the slot are
+        dropped and the ones after them move down by `discard`. Values move as they are; keys
+        are rotated back by `discard` positions (RoPE turns each pair of a key by position *
+        frequency, so a turn by -discard gives the key of the position it moves to), in
+        float64. The moved keys are then close to, not bit for bit, what reading the shortened
+        sequence would compute, and everything after them depends on them: a later request
+        reuses at most the first `keep` positions (`exact`)."""
+        n = self.length(slot)
+        if discard <= 0 or keep + discard > n:
+            raise ValueError(f"cannot shift {discard} positions after {keep} of {n}")
+        dim, theta, interleaved = self.rope
+        half = dim // 2
+        ang = -discard / theta ** (torch.arange(0, half, dtype=torch.float64) / half)
+        cos, sin = ang.cos(), ang.sin()
+        k = self.k[:, slot, :, keep + discard: n].double()  # (layers, kv heads, moved, dim)
+        if interleaved:
+            x1, x2 = k[..., 0::2], k[..., 1::2]
+            k = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        else:
+            x1, x2 = k.chunk(2, dim=-1)
+            k = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        self.k[:, slot, :, keep: n - discard] = k.to(self.k.dtype)
+        self.v[:, slot, :, keep: n - discard] = self.v[:, slot, :, keep + discard: n].clone()
+        del self.tokens[slot][keep: keep + discard]
+        self.exact[slot] = min(keep, self.exact[slot] if self.exact[slot] is not None else keep)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

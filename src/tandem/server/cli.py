@@ -66,9 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-jinja", dest="jinja", action="store_false",
                    help="accepted; Tandem always renders the model's Jinja template (logged)")
     g.add_argument("--no-context-shift", dest="context_shift", action="store_false",
-                   default=False, help="stop when a slot's context is full (Tandem's behaviour)")
+                   default=False, help="stop a generation when its slot's context is full "
+                                       "(the default, as llama-server's)")
     g.add_argument("--context-shift", dest="context_shift", action="store_true",
-                   help="not supported: Tandem stops a generation when its context is full")
+                   help="when a slot's context is full, drop half of the tokens after the "
+                        "request's n_keep (default 0; -1: the prompt) and go on generating; "
+                        "the answer is then marked truncated")
     g.add_argument("-v", "--verbose", action="store_true", help="log more (debug)")
     g.add_argument("--offline", action="store_true",
                    help="never download: a model name that is not pulled yet is an error")
@@ -200,8 +203,7 @@ def _settings(a: argparse.Namespace):
             raise TandemError(f"--ubatch-size must be >= 2, got {a.ubatch_size}")
         engine = dataclasses.replace(engine, batch_size=min(engine.batch_size, a.ubatch_size))
     if a.context_shift:
-        raise TandemError("--context-shift is not supported: Tandem stops a generation when "
-                          "its slot's context is full (drop the flag, or raise --ctx-size)")
+        engine = dataclasses.replace(engine, context_shift=True)
     if a.flash_attn is not None:
         log.info("--flash-attn %s: no effect; Tandem's attention is its own exact kernel",
                  a.flash_attn)

@@ -300,4 +300,5 @@ def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predic
     g, bias = constraints_of(engine, body) if constraints is None else constraints
     return Request(ids, sampling_of(body, n_predict, defaults), spec_of(body, engine),
                    cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs,
-                   post_sampling=post_sampling, grammar=g, logit_bias=bias)
+                   post_sampling=post_sampling, grammar=g, logit_bias=bias,
+                   n_keep=body.n_keep, n_discard=body.n_discard)

@@ -37,16 +37,19 @@ def completion_json(seq: Sequence) -> dict:
 def completion_result(seq: Sequence, engine: Engine) -> dict:
     """llama.cpp's /completion response for a finished sequence.
 
-    truncated: generation stopped because the slot's context was full (llama.cpp's meaning:
-    the answer was cut, not finished).
+    truncated: generation stopped because the slot's context was full, or went on after a
+    context shift dropped tokens (llama.cpp's meaning: the answer lost context).
     """
     out = completion_json(seq)
-    out["truncated"] = seq.stop_type == "limit" and len(seq.tokens) >= engine.cfg.ctx_size
+    out["truncated"] = seq.truncated or (seq.stop_type == "limit"
+                                         and len(seq.tokens) >= engine.cfg.ctx_size)
     out["tokens_cached"] = len(seq.tokens) - 1
     out["generation_settings"] = generation_settings(seq.req.sampling, seq.spec,
                                                      engine.cfg.ctx_size)
     out["generation_settings"]["n_probs"] = seq.req.n_probs
     out["generation_settings"]["cache_prompt"] = seq.req.cache_prompt
+    out["generation_settings"]["n_keep"] = seq.req.n_keep
+    out["generation_settings"]["n_discard"] = seq.req.n_discard
     # llama-server's report of biases, ignore_eos's among them: a -inf bias is null in JSON
     bias = dict(seq.req.logit_bias)
     if seq.req.sampling.ignore_eos:

@@ -59,6 +59,10 @@ class SamplingFields(_Body):
     return_progress: bool = False  # streams report how far the prompt has been read
     cache_prompt: bool = True
     id_slot: int = Field(-1, ge=-1)
+    # with --context-shift: tokens a full context keeps (-1: the prompt), tokens it then drops
+    # (0: half of the rest)
+    n_keep: int = Field(0, ge=-1)
+    n_discard: int = Field(0, ge=0)
     # constrained output (grammar.py): llama.cpp's GBNF grammar and JSON schema, OpenAI's
     # response_format; logit biases as llama.cpp's [[token or text, bias or false], ...] or
     # OpenAI's {"token id or text": bias}

@@ -51,6 +51,10 @@ class Shortlist:
         return torch.cat(parts).float()
 
 
+# tokens a draft model reads before a context shift to hold what the target's cache holds
+CATCH_UP_BEFORE_SHIFT = 16
+
+
 class DraftModelProposer:
     """Drafts up to n_max tokens with the draft model, one forward pass per token.
 
@@ -204,6 +208,27 @@ class DraftModelProposer:
         self.tokens.extend(new_ids)
         if self.short is not None:
             self.short.add(new_ids)
+
+    def shift(self, keep: int, discard: int) -> None:
+        """The sequence lost tokens keep .. keep + discard - 1: the draft's cache loses them
+        too, its later positions moved and their keys turned as the target's
+        (KVCache.shift). It first reads the few tokens the target's cache holds and it has
+        not seen yet (the target read them before the shift, attending to what was dropped):
+        read after it, they would differ from the target's, and every draft after them too.
+        A draft further behind (auto, idle) reads on from `keep` when it is next used; with a
+        window, the last `window` tokens."""
+        held = self.cache.length(self.slot)
+        if self.base == 0 and 0 < len(self.tokens) - 1 - held <= CATCH_UP_BEFORE_SHIFT:
+            self._fill(self.tokens[held:-1])
+            held = self.cache.length(self.slot)
+        del self.tokens[keep: keep + discard]
+        if self.base > 0:
+            self.base = max(0, len(self.tokens) - 1 - self.window)
+            self.cache.truncate(self.slot, 0)
+        elif held > keep + discard:
+            self.cache.shift(self.slot, keep, discard)
+        else:
+            self.cache.truncate(self.slot, min(held, keep))
 
     def end(self) -> None:
         pass

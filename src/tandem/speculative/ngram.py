@@ -53,6 +53,10 @@ class NgramProposer:
         # Only the appended tokens matter here; n_accepted is part of the shared interface.
         self._extend(new_ids)
 
+    def shift(self, keep: int, discard: int) -> None:
+        """Nothing to do: it matches the end of its own copy of the tokens, which a shift
+        leaves as it is; the dropped tokens stay text it may repeat."""
+
     def end(self) -> None:
         pass
 

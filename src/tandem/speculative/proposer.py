@@ -72,6 +72,10 @@ class Proposer(Protocol):
         sequence this iteration (those accepted tokens followed by the target's own token)."""
         ...
 
+    def shift(self, keep: int, discard: int) -> None:
+        """The sequence lost tokens keep .. keep + discard - 1 (a full context was shifted)."""
+        ...
+
     def end(self) -> None:
         """The sequence is over (a proposer may keep what it learned for later requests)."""
         ...

@@ -253,6 +253,11 @@ class Speculator:
         if e is not None and e.controller is not None:  # (the draft's: draft_history)
             e.controller.update(k, n_accepted, draft.conf)
 
+    def shift(self, keep: int, discard: int) -> None:
+        """The sequence lost tokens keep .. keep + discard - 1 (the engine's context shift)."""
+        for p in self.proposers:
+            p.shift(keep, discard)
+
     def end(self, finished: bool = True) -> None:
         """The sequence is over (once): proposers may keep what it taught them, and its length
         joins the earlier answers' unless it was cut short (cancelled: finished False)."""

@@ -228,6 +228,10 @@ class SuffixProposer:
         n = next((i for i, c in enumerate(conf) if c < self.min_conf), len(ids))
         return Draft(ids[:n], None, conf[:n])
 
+    def shift(self, keep: int, discard: int) -> None:
+        """Nothing to do: the dropped tokens stay earlier text it may match, and its matches
+        are taken at its own end, which a shift leaves as it is."""
+
     def end(self) -> None:
         """The sequence is over: its output joins the pool."""
         if self.pool is not None:
