@@ -210,3 +210,50 @@ def test_without_measured_costs_a_chunk_is_the_smallest_that_reads_at_speed(targ
     e = _engine(target, n_parallel=3, batch=512)
     e.add(Request([5, 6, 7], SamplingParams(temperature=0.0, n_predict=2)))
     assert {1, 2, 3} <= set(e.costs.verify) and e.costs.prompt_token > 0
+
+
+def test_prompt_order_is_least_slack_first():
+    """Prompts that arrive together: the shortest is read first (SRPT), ties by arrival; a
+    prompt that has waited about as long as the difference of remaining reading times moves
+    ahead of a newer, shorter one, so a stream of short prompts cannot hold a long one back."""
+    from types import SimpleNamespace as W
+
+    from tandem.schedule import prompt_order
+
+    long_, short = W(n_prompt=301, prefill_at=0, t_start=10.0), W(n_prompt=21, prefill_at=0,
+                                                                    t_start=10.001)
+    assert prompt_order([long_, short], 0.01, now=10.01) == [short, long_]
+    # 300 rows left at 10 ms against 20: 2.8 s apart; after 3 s of waiting the long one leads
+    newer = W(n_prompt=21, prefill_at=0, t_start=13.0)
+    assert prompt_order([long_, newer], 0.01, now=13.0) == [long_, newer]
+    earlier = W(n_prompt=21, prefill_at=0, t_start=12.5)  # after 2.5 s it still waits
+    assert prompt_order([long_, earlier], 0.01, now=12.5) == [earlier, long_]
+    # what is already read counts: a long prompt nearly done goes first
+    nearly = W(n_prompt=301, prefill_at=295, t_start=10.0)
+    assert prompt_order([short, nearly], 0.01, now=10.01) == [nearly, short]
+    twin = W(n_prompt=21, prefill_at=0, t_start=10.002)
+    assert prompt_order([twin, short], None, now=10.01) == [short, twin]  # unmeasured: a guess
+
+
+def test_a_short_prompt_is_not_kept_waiting_behind_a_long_one(target):
+    """A long prompt and a short one added together: the short one is read first, alone in
+    its pass (with room for both, a pass of both would keep it waiting for the long one's
+    rows), and starts generating while the long one is still read; both answers equal their
+    runs alone."""
+    e = _engine(target, n_parallel=2, batch=512)
+    rng = random.Random(5)
+    vocab = target.args.vocab_size
+    sp = SamplingParams(temperature=0.0, n_predict=6, ignore_eos=True)
+    long_prompt, short_prompt = _prompt(rng, 300, vocab), _prompt(rng, 12, vocab)
+    a = e.add(Request(long_prompt, sp))
+    b = e.add(Request(short_prompt, sp))
+    e.step()
+    assert not b.prefilling and a.prefill_at == 0  # the short prompt took the first pass
+    while a.prefilling:
+        e.step()
+    assert len(b.output) >= 1  # it generated while the long prompt was read
+    while not (a.done and b.done):
+        e.step()
+    for seq, prompt in ((a, long_prompt), (b, short_prompt)):
+        alone = _engine(target, n_parallel=1, batch=32).generate(Request(prompt, sp))
+        assert seq.output == alone.output

@@ -28,6 +28,7 @@ from .grammar import Guide, bias_vector, constrain
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import TokenLogprobs, make_generator, token_logprobs
+from .schedule import prompt_order
 from .speculative.controller import AcceptanceTracker, CostModel
 from .speculative.speculator import Speculation, Speculator
 from .speculative.stats import SpecStats
@@ -409,8 +410,8 @@ class Engine:
         """One scheduler step: one target pass over the rows of every active sequence, unpadded.
 
         Generating sequences come first, each with its row [last, *draft]; then prompt chunks of
-        the sequences still reading their prompts, oldest first. While any sequence generates,
-        a waiting prompt gets a chunk that takes about twice the time of the generating rows
+        the sequences still reading their prompts, least slack first (schedule.py). While any
+        generates, a waiting prompt gets a chunk that takes about twice the time of the rows
         (`_prompt_share`), within `batch_size` rows in all, and those rows carry no draft; so a
         new prompt costs the running streams passes three times as long while it is read, not
         a silence as long as the prompt. With no sequence generating, a prompt goes in chunks
@@ -424,11 +425,12 @@ class Engine:
         for s in gen:
             if self.cfg.context_shift and len(s.tokens) >= self.cfg.ctx_size:
                 self._shift(s)
-        filling = sorted((s for s in seqs if s.prefilling), key=lambda s: s.t_start)
+        filling = prompt_order([s for s in seqs if s.prefilling], self.costs.prompt_token)
         waiting = sum(s.n_prompt - 1 - s.prefill_at for s in filling)
         limit = self.cfg.batch_size
-        if not gen:
-            prompt_rows, draft_room = min(waiting, limit), 0
+        if not gen:  # the first prompt alone: it starts generating as soon as it is read
+            first = filling[0].n_prompt - 1 - filling[0].prefill_at
+            prompt_rows, draft_room = min(first, limit), 0
         elif filling:  # no drafts: the prompt's chunk takes their time (see _prompt_share)
             prompt_rows = min(waiting, self._prompt_share(len(gen), limit - len(gen)))
             draft_room = 0
