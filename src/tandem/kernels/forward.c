@@ -195,8 +195,8 @@ static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
 }
 
 #define MATMUL(l, in, out, rows)                                                              \
-    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, (int)(l).bits, &scr, \
-                   md->prompt_rows)
+    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, (int)(l).bits, \
+                   &scr[0], md->prompt_rows)
 
 /* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
  * max_len, head_dim) float32. Returns 0; -1 for a shape the model or the kernels do not take or
@@ -221,18 +221,22 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
     }
     int64_t kmax = D > QD ? D : QD;
     kmax = kmax > F ? kmax : F;
-    tq_scratch scr;
+    /* one scratch per product of a shared call (q, k, v: tq_matmul_team_n) */
+    tq_scratch scr[3];
     float *h = malloc(sizeof(float) * M * kmax), *q = malloc(sizeof(float) * M * QD);
     float *k = malloc(sizeof(float) * M * KD), *v = malloc(sizeof(float) * M * KD);
     float *o = malloc(sizeof(float) * M * QD), *t = malloc(sizeof(float) * M * D);
     float *g = malloc(sizeof(float) * M * F), *u = malloc(sizeof(float) * M * F);
-    int rc = tq_scratch_alloc(&scr, M, kmax);
+    int rc = 0, ns = 0;
+    while (ns < 3 && (rc = tq_scratch_alloc(&scr[ns], M, kmax)) == 0)
+        ns++;
     if (!h || !q || !k || !v || !o || !t || !g || !u || rc != 0) {
         free(h); free(q); free(k); free(v); free(o); free(t); free(g); free(u);
-        if (rc == 0)
-            tq_scratch_free(&scr);
+        while (ns > 0)
+            tq_scratch_free(&scr[--ns]);
         return -2;
     }
+    const tq_scratch *s3[3] = {&scr[0], &scr[1], &scr[2]};
     const float scale = 1.f / sqrtf((float)hd);
     const int64_t half = hd / 2, group = H / Hkv;
 #pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
@@ -245,9 +249,11 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++)
                 rms_norm(x + m * D, L->attn_norm, D, md->eps, h + m * D);
-            MATMUL(L->wq, h, q, M);
-            MATMUL(L->wk, h, k, M);
-            MATMUL(L->wv, h, v, M);
+            { /* q, k and v of the same activations: one call, one pair of barriers */
+                const tq_linear *qkv[3] = {&L->wq, &L->wk, &L->wv};
+                float *const out[3] = {q, k, v};
+                tq_matmul_team_n(3, qkv, out, s3, h, M, md->prompt_rows);
+            }
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++) {
                 const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
@@ -278,8 +284,11 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
                     x[m * D + i] += t[m * D + i];
                 rms_norm(x + m * D, L->ffn_norm, D, md->eps, h + m * D);
             }
-            MATMUL(L->gate, h, g, M);
-            MATMUL(L->up, h, u, M);
+            {
+                const tq_linear *gu[2] = {&L->gate, &L->up};
+                float *const out[2] = {g, u};
+                tq_matmul_team_n(2, gu, out, s3, h, M, md->prompt_rows);
+            }
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++) {
                 float *gm = g + m * F, *um = u + m * F;
@@ -306,6 +315,7 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
         free(sc);
     }
     free(h); free(q); free(k); free(v); free(o); free(t); free(g); free(u);
-    tq_scratch_free(&scr);
+    for (int i = 0; i < 3; i++)
+        tq_scratch_free(&scr[i]);
     return rc;
 }

@@ -69,63 +69,92 @@ static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
 }
 
 /* Called by every thread of an OpenMP team (inside a parallel region); returns after a barrier,
- * with y complete. s: scratch for M rows of K (tq_scratch_alloc). The caller has checked the
- * arguments with tq_matmul_check. */
+ * with every y[j] complete. n products of the same activations x (M rows; forward.c's q, k, v
+ * and gate, up): y[j] (M, l[j]->N) = x @ l[j]->W^T + bias, each with its scratch s[j]
+ * (tq_scratch_alloc for M rows of its K). The products share their two barriers (one after the
+ * activations are quantized, one at the end) and their work: the chunks of all of them go to
+ * whichever thread is free. Each row is computed as by that product alone: same bits. The
+ * caller has checked every product with tq_matmul_check. */
+void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
+                      const tq_scratch *const *s, const float *x, int64_t M,
+                      int64_t prompt_rows) {
+    enum { GEMM, DECODE, SHARE };
+    int mode[TQ_MAX_PRODUCTS] = {0};
+    int64_t first[TQ_MAX_PRODUCTS + 1] = {0}, size[TQ_MAX_PRODUCTS] = {0}; /* chunks: j from first[j] */
+    first[0] = 0;
+    int gemm = 0;
+    for (int j = 0; j < n; j++) {
+        const int type = (int)l[j]->type, bits = (int)l[j]->bits;
+        const int64_t rb = l[j]->K / block_weights(type) * block_bytes(type), N = l[j]->N;
+        if (bits == 16 && M >= prompt_rows && gemm_type(type)) {
+            /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
+             * a thread slowed by another process (a shared machine) leaves its work to the
+             * others instead of holding up the pass at the barrier */
+            mode[j] = GEMM, size[j] = GCH, gemm = 1;
+        } else if (M <= MR) {
+            /* decode and verification: chunks of about DCH_BYTES of weight rows, handed out
+             * in the same way; a chunk is rows n0..n1 of the row-by-row kernel */
+            mode[j] = DECODE, size[j] = rb >= DCH_BYTES / 4 ? 4 : DCH_BYTES / rb;
+        } else { /* row-by-row prompt chunks (int8, or types without the prompt kernel) */
+            mode[j] = SHARE, size[j] = N;
+        }
+        first[j + 1] = first[j] + (mode[j] == SHARE ? 0 : (N + size[j] - 1) / size[j]);
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n * M; i++) {
+        const int j = (int)(i / M);
+        const int64_t m = i % M, K = l[j]->K, G = K / 32;
+        const int type = (int)l[j]->type, qb = (int)block_weights(type);
+        if (l[j]->bits == 16)
+            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K ? 1 + TQ_AVX512 : 0,
+                         (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
+        else
+            quantize_row8(x + m * K, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
+                          s[j]->xsum + m * G, s[j]->bs + m * (K / 16),
+                          TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
+    }
+    /* implicit barrier */
+    /* where a thread's prompt-kernel buffer cannot be allocated, it takes its chunks through
+     * the row-by-row kernel (same bits) */
+    void *buf = gemm ? gemm_buf_new() : NULL;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t c = 0; c < first[n]; c++) {
+        int j = 0;
+        while (c >= first[j + 1])
+            j++;
+        const tq_linear *L = l[j];
+        const int type = (int)L->type, bits = (int)L->bits;
+        const int64_t K = L->K, N = L->N, rb = K / block_weights(type) * block_bytes(type);
+        const int64_t r0 = (c - first[j]) * size[j], r1 = N < r0 + size[j] ? N : r0 + size[j];
+        if (mode[j] == GEMM && buf)
+            gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,
+                       s[j]->xsum, M, K, y[j], N, L->bias);
+        else
+            row_range(type, L->W, rb, r0, r1, s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, M, K,
+                      y[j], N, L->bias, bits);
+    }
+    free(buf);
+    /* the row-by-row prompt chunks: this thread's share of the weight rows, whose tiles stay
+     * in cache across the activation blocks */
+    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    for (int j = 0; j < n; j++)
+        if (mode[j] == SHARE) {
+            const tq_linear *L = l[j];
+            const int type = (int)L->type;
+            const int64_t K = L->K, N = L->N, rb = K / block_weights(type) * block_bytes(type);
+            row_range(type, L->W, rb, N * it / nt, N * (it + 1) / nt, s[j]->xq, s[j]->xs,
+                      s[j]->xsum, s[j]->bs, M, K, y[j], N, L->bias, (int)L->bits);
+        }
+#pragma omp barrier
+}
+
+/* One product (see tq_matmul_team_n). */
 void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
                     float *y, const float *bias, int bits, const tq_scratch *s,
                     int64_t prompt_rows) {
-    const int64_t row_bytes = K / block_weights(type) * block_bytes(type), G = K / 32;
-    const int qb = (int)block_weights(type); /* activation scale per weight block */
-    void *xq = s->xq;
-    float *xs = s->xs, *xsum = s->xsum;
-    int16_t *bs = s->bs;
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        if (bits == 16)
-            quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K ? 1 + TQ_AVX512 : 0,
-                         (int16_t *)xq + m * K, xs + m * G, xsum + m * G);
-        else
-            quantize_row8(x + m * K, K, qb, (int8_t *)xq + m * K, xs + m * G, xsum + m * G,
-                          bs + m * (K / 16), TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
-    }
-    /* implicit barrier */
-    if (bits == 16 && M >= prompt_rows && gemm_type(type)) {
-        /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so a
-         * thread slowed by another process (a shared machine) leaves its work to the others
-         * instead of holding up the pass at the barrier. Where a thread's buffer cannot be
-         * allocated, it takes its chunks row by row (same bits). */
-        void *buf = gemm_buf_new();
-        const int64_t nch = (N + GCH - 1) / GCH;
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t c = 0; c < nch; c++) {
-            const int64_t r0 = c * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
-            if (buf)
-                gemm_range(buf, type, W, row_bytes, r0, r1, (const int16_t *)xq, xs, xsum, M, K,
-                           y, N, bias);
-            else
-                row_range(type, W, row_bytes, r0, r1, xq, xs, xsum, bs, M, K, y, N, bias, bits);
-        }
-        free(buf);
-    } else if (M <= MR) {
-        /* decode and verification: chunks of about DCH_BYTES of weight rows, handed out as
-         * threads come free (as the prompt kernel's), so a thread that loses its core to another
-         * process leaves the rest of the product to the others instead of holding up the pass
-         * at the barrier. A chunk is rows n0..n1 of the same row-by-row kernel: same bits. */
-        const int64_t ch = row_bytes >= DCH_BYTES / 4 ? 4 : DCH_BYTES / row_bytes;
-        const int64_t nch = (N + ch - 1) / ch;
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t c = 0; c < nch; c++) {
-            const int64_t r0 = c * ch, r1 = N < r0 + ch ? N : r0 + ch;
-            row_range(type, W, row_bytes, r0, r1, xq, xs, xsum, bs, M, K, y, N, bias, bits);
-        }
-    } else {
-        /* row-by-row prompt chunks (int8, or types without the prompt kernel): this thread's
-         * share of the weight rows, whose tiles stay in cache across the activation blocks */
-        const int nt = omp_get_num_threads(), it = omp_get_thread_num();
-        row_range(type, W, row_bytes, N * it / nt, N * (it + 1) / nt, xq, xs, xsum, bs, M, K, y,
-                  N, bias, bits);
-    }
-#pragma omp barrier
+    const tq_linear L = {type, N, K, W, bias, bits};
+    const tq_linear *l = &L;
+    tq_matmul_team_n(1, &l, &y, &s, x, M, prompt_rows);
 }
 
 /* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the

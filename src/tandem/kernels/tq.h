@@ -63,6 +63,12 @@ typedef struct {
     const tq_layer *layers;
 } tq_model;
 
+/* n <= TQ_MAX_PRODUCTS products of the same activations in one OpenMP team call (matmul.c) */
+#define TQ_MAX_PRODUCTS 4
+void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
+                      const tq_scratch *const *s, const float *x, int64_t M,
+                      int64_t prompt_rows);
+
 int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_t max_len,
                float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads);
 
