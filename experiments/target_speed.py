@@ -32,11 +32,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The paths: label -> extra flags for `tandem generate` (and environment variables).
 PATHS = {
-    "native int16 C layers (default)": ["--weights", "native", "--activations", "int16"],
+    "native mixed C layers (default)": ["--weights", "native", "--activations", "mixed"],
+    "native mixed C layers (row-by-row prompt kernel)": [
+        "--weights", "native", "--activations", "mixed", "TANDEM_PROMPT_KERNEL=0"],
+    "native int16 C layers": ["--weights", "native", "--activations", "int16"],
     "native int16 C layers (row-by-row prompt kernel)": [
         "--weights", "native", "--activations", "int16", "TANDEM_PROMPT_KERNEL=0"],
     "native int8 C layers": ["--weights", "native", "--activations", "int8"],
-    "native mixed C layers": ["--weights", "native", "--activations", "mixed"],
     "native int16 PyTorch layers": ["--weights", "native", "--activations", "int16",
                                     "TANDEM_NATIVE_LAYERS=0"],
     "int4 repack (fallback)": ["--weights", "int4"],
@@ -89,8 +91,8 @@ def main() -> int:
         subprocess.run(["git", "archive", "-o", str(archive), rev, "src"], cwd=ROOT, check=True)
         with tarfile.open(archive) as tf:
             tf.extractall(tmp.name, filter="data")
-        label = f"native int16 C layers (at {rev})"
-        PATHS[label] = [*PATHS["native int16 C layers (default)"],
+        label = f"native mixed C layers (at {rev})"
+        PATHS[label] = [*PATHS["native mixed C layers (default)"],
                         f"PYTHONPATH={Path(tmp.name) / 'src'}"]
         labels.append(label)
     runs: dict[str, list[dict]] = {lab: [] for lab in labels}

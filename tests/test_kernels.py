@@ -106,9 +106,11 @@ def test_rows_are_batch_invariant_bit_for_bit(qtype, bits):
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS)
-def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype):
+@pytest.mark.parametrize("bits", [16, 8])
+def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype, bits):
     """From 16 rows the K-quants take the prompt path (weights unpacked once per block of rows,
-    a 4 x 2 micro-kernel, 4 x 4 on AVX-512). Its rows must be the 1-row products exactly, or a
+    a 4 x 2 micro-kernel, 4 x 4 on AVX-512; int8 activations widened to int16 in the order of
+    the int8 kernels' lanes). Its rows must be the 1-row products exactly, or a
     prompt would fill the cache with other values than decoding the same tokens. 37 rows (a
     partial last group of activation rows), 74 weight rows (chunks of 32 handed to whichever
     thread comes free: the last one 10 rows, a partial group of 4), K = 2304 (two unpacked
@@ -122,20 +124,21 @@ def test_prompt_path_rows_equal_one_row_products_bit_for_bit(qtype):
     bias = torch.randn(n, generator=torch.Generator().manual_seed(2))
     assert m >= kernels.PROMPT_ROWS
     for t in (1, 2, 3):
-        full = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias, threads=t)
+        full = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias, threads=t, bits=bits)
         for i in range(m):
-            one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias, threads=t)
+            one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias=bias, threads=t,
+                                 bits=bits)
             assert torch.equal(one[0], full[i]), (t, i)
         rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias=bias, threads=t,
-                                 prompt_rows=1 << 62)  # the row-by-row kernel for all 37 rows
+                                 bits=bits, prompt_rows=1 << 62)  # row by row, all 37 rows
         assert torch.equal(rowwise, full)
         for rows in (slice(0, 1), slice(3, 6)):  # a few rows through the prompt kernel
             few = kernels.matmul(qtype.name, raw.data, n, k, x[rows], bias=bias, threads=t,
-                                 prompt_rows=1)
+                                 bits=bits, prompt_rows=1)
             assert torch.equal(few, full[rows]), (t, rows)
     w = torch.from_numpy(gguf_quants.dequantize(raw.data, qtype).reshape(n, k)).double()
     exact = x.double() @ w.T + bias.double()
-    assert ((full.double() - exact).abs() <= _bound(x.double(), w, 256)).all()
+    assert ((full.double() - exact).abs() <= _bound(x.double(), w, 256, bits)).all()
 
 
 @pytest.mark.parametrize("qtype", SIMPLE + K_QUANTS)

@@ -312,7 +312,7 @@ class Numerics:
 
     weights: str = "auto"
     dtype: str = "auto"
-    activations: str = "int16"
+    activations: str = "mixed"
     threads: int = 0  # 0 = PyTorch's default (the physical cores), read once by thread_count
     kernels: bool = True
     prompt_kernel: bool = True
@@ -379,12 +379,12 @@ class EngineConfig:
              "repack 4-bit blocks for PyTorch's int4 kernel (exact up to bf16 rounding of "
              "scales); dense: dequantize everything to --dtype; auto: native where the kernels "
              "build here, else int4"))
-    activations: str = field(default="int16", metadata=flag(
+    activations: str = field(default="mixed", metadata=flag(
         "--activations", choices=tuple(ACTIVATIONS),
         help="native weights only: how the kernels round activations per block. int16: within "
-             "1/32766 of the block's largest value; int8: llama.cpp's Q8_K/Q8_0 rounding "
-             "(1/254), faster, less exact; mixed: int8 except int16 for the FFN down "
-             "projection, whose input carries most of int8's error"))
+             "1/32766 of the block's largest value, slower; int8: llama.cpp's Q8_K/Q8_0 "
+             "rounding (1/254); mixed: int8 except int16 for the FFN down projection, whose "
+             "input carries most of int8's error (half of llama.cpp's KL divergence)"))
     activations_draft: str = field(default="int8", metadata=flag(
         "--activations-draft", choices=tuple(ACTIVATIONS),
         help="the same for the draft model; int8 by default: the draft only proposes and the "

@@ -355,10 +355,14 @@ extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, 
 static inline int gemm_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
 /* The prompt kernel's buffer (NULL when out of memory; free() it), and weight rows [n0, n1)
- * against all M int16 activation rows (xq, xs, xsum as quantize_row leaves them) with it:
- * y = dot + bias, bit for bit the row-by-row kernels' result. */
+ * against all M activation rows with it: y = dot + bias, bit for bit the row-by-row kernels'
+ * result. int16 activations: xq, xs, xsum as quantize_row leaves them, bs NULL; int8: as
+ * quantize_row8 (pairs 0) leaves them, each row then widened by gemm_widen8 (the row's 2K
+ * bytes, its int8 values in the last K). */
 TQ_HIDDEN void *gemm_buf_new(void);
 TQ_HIDDEN void gemm_range(void *buf, int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                           int64_t n1, const int16_t *xq, const float *xs, const float *xsum,
-                          int64_t M, int64_t K, float *y, int64_t N, const float *bias);
+                          const int16_t *bs, int64_t M, int64_t K, float *y, int64_t N,
+                          const float *bias);
+TQ_HIDDEN void gemm_widen8(int16_t *row, int64_t K);
 #endif

@@ -36,6 +36,7 @@ typedef struct {
     int16_t w[KC * NR];
     float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
     float mn[KC / 256][NR][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
+    int16_t sc6[KC / 256][NR][16]; /* int8 Q6_K: the 16 scales per super-block (the -32) */
     float acc[NR][GMB][8];
     float off[GMB][NR][8]; /* activation row m, weight row r: off[m][r] */
 } gemm_buf;
@@ -91,6 +92,111 @@ static void unpack_q6k(const uint8_t *w, int64_t nsb, int16_t *out, float *d) {
             }
         }
     }
+}
+
+/* ---- int8 activations (--activations int8, mixed) -----------------------------------------
+ * rowdot8.c's integer lane j of a 32-weight group holds its weights 4j..4j+3 (vpdpbusd /
+ * maddubs + madd with the sub-block scale), where the int16 kernels' lane j holds weights 2j,
+ * 2j + 1, 16 + 2j, 17 + 2j of their order. So the prompt kernel takes int8 activations widened
+ * to int16 (the same integers) and weights q times their sub-block scale, both with each
+ * 32-group stored as its even dwords (values 4k, 4k + 1) then its odd ones (4k + 2, 4k + 3):
+ * the int16 micro-kernels' lane j then sums exactly rowdot8's products of lane j. One flush
+ * per super-block, as rowdot8; Q6_K takes q unsigned, and its -32 (32 sc[2j] bs[2j] +
+ * 32 sc[2j+1] bs[2j+1] in lane j, rowdot8's) comes off the integer sums before the flush. */
+
+/* 32 int16 values in their order (a: 0..15, b: 16..31) -> even dwords, odd dwords */
+static inline void store_pairs(__m256i a, __m256i b, __m256i *even, __m256i *odd) {
+    const __m256 fa = _mm256_castsi256_ps(a), fb = _mm256_castsi256_ps(b);
+    _mm256_storeu_si256(even, _mm256_permute4x64_epi64(
+                                  _mm256_castps_si256(_mm256_shuffle_ps(fa, fb, 0x88)), 0xD8));
+    _mm256_storeu_si256(odd, _mm256_permute4x64_epi64(
+                                 _mm256_castps_si256(_mm256_shuffle_ps(fa, fb, 0xDD)), 0xD8));
+}
+
+/* One activation row of K int8 values, at byte K of the row's 2K bytes (quantize_row8 with
+ * pairs 0), widened in place to K int16 in store_pairs' order. Group g reads bytes K + 32g..
+ * and writes bytes 64g..64g + 63: never a later group's bytes. */
+void gemm_widen8(int16_t *row, int64_t K) {
+    const int8_t *src = (const int8_t *)row + K;
+    for (int64_t g = 0; g < K / 32; g++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(src + 32 * g));
+        const __m256i a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+        const __m256i b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+        store_pairs(a, b, (__m256i *)(row + 32 * g), (__m256i *)(row + 32 * g + 16));
+    }
+}
+
+/* nsb super-blocks of one Q4_K / Q5_K row, int8 order: q * sc, group g of the chunk as
+ * vectors 2g, 2g + 1 (VEC); d and mn as unpack_k4's */
+static void unpack_k4_8(int five, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
+                        float (*mn)[8]) {
+    const int bs = five ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi16(0x0F);
+    for (int64_t sb = 0; sb < nsb; sb++, w += bs) {
+        __m256i sc16, qh;
+        __m256 mnv;
+        const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
+        d[sb * NR] = f16(w);
+        _mm256_storeu_ps(mn[sb * NR], _mm256_mul_ps(_mm256_set1_ps(-f16(w + 2)), mnv));
+        const __m256i h0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(qh));
+        const __m256i h1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(qh, 1));
+        for (int c = 0; c < 4; c++) {
+            const __m256i A = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * c)));
+            const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16)));
+            __m256i la = _mm256_and_si256(A, m4), lb = _mm256_and_si256(B, m4);
+            __m256i ha = _mm256_srli_epi16(A, 4), hb = _mm256_srli_epi16(B, 4);
+            if (five) {
+                la = _mm256_or_si256(la, bit_at4(h0, 2 * c));
+                lb = _mm256_or_si256(lb, bit_at4(h1, 2 * c));
+                ha = _mm256_or_si256(ha, bit_at4(h0, 2 * c + 1));
+                hb = _mm256_or_si256(hb, bit_at4(h1, 2 * c + 1));
+            }
+            const __m256i s0 = word_bcast(sc16, 2 * c), s1 = word_bcast(sc16, 2 * c + 1);
+            const int64_t g = 8 * sb + 2 * c;
+            store_pairs(_mm256_mullo_epi16(la, s0), _mm256_mullo_epi16(lb, s0), VEC(out, 2 * g),
+                        VEC(out, 2 * g + 1));
+            store_pairs(_mm256_mullo_epi16(ha, s1), _mm256_mullo_epi16(hb, s1),
+                        VEC(out, 2 * g + 2), VEC(out, 2 * g + 3));
+        }
+    }
+}
+
+/* nsb super-blocks of one Q6_K row, int8 order: q (unsigned) times its 16-weight scale; d per
+ * super-block; the scales in sc6 (super-block sb at sc6[sb * NR]) for the -32 */
+static void unpack_q6k_8(const uint8_t *w, int64_t nsb, int16_t *out, float *d,
+                         int16_t (*sc6)[16]) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), m3 = _mm256_set1_epi16(3);
+    for (int64_t sb = 0; sb < nsb; sb++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        d[sb * NR] = f16(w + 208);
+        _mm256_storeu_si256((__m256i *)sc6[sb * NR],
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            for (int i = 0; i < 4; i++) { /* weights 128h + 32i + l of the super-block */
+                __m256i q[2];
+                for (int p = 0; p < 2; p++) { /* l = 16p .. 16p + 15 */
+                    const __m256i L = _mm256_cvtepu8_epi16(
+                        _mm_loadu_si128((const __m128i *)(ql + 32 * (i & 1) + 16 * p)));
+                    const __m256i H = _mm256_cvtepu8_epi16(
+                        _mm_loadu_si128((const __m128i *)(qh + 16 * p)));
+                    const __m256i lo = i < 2 ? _mm256_and_si256(L, m4) : _mm256_srli_epi16(L, 4);
+                    const __m256i hi = _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(H, 2 * i), m3), 4);
+                    q[p] = _mm256_mullo_epi16(_mm256_or_si256(lo, hi),
+                                              _mm256_set1_epi16(sc[8 * h + 2 * i + p]));
+                }
+                const int64_t g = 8 * sb + 4 * h + i;
+                store_pairs(q[0], q[1], VEC(out, 2 * g), VEC(out, 2 * g + 1));
+            }
+        }
+    }
+}
+
+/* rowdot8's Q6_K -32 for lane j: 32 (sc[2j] bs[2j] + sc[2j+1] bs[2j+1]) */
+static inline __m256i q6_minus32(const int16_t *sc, const int16_t *bs) {
+    return _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)sc),
+                                               _mm256_loadu_si256((const __m256i *)bs)), 5);
 }
 
 #if TQ_AVX512
@@ -181,7 +287,9 @@ static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t 
 static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr, int ma, int fw,
                                                              const int16_t *xq, const float *xs,
                                                              int64_t K, int64_t G, int64_t k0,
-                                                             int64_t kc, int64_t m, int64_t mi) {
+                                                             int64_t kc, int64_t m, int64_t mi,
+                                                             const int16_t *bs) {
+    /* bs: int8 Q6_K's per-16 sums of the activations (the -32), else NULL */
     const int nv = fw / 16;
 #if TQ_AVX512
     /* The float sums, two weight rows per register: facc[NR/2 i + p] holds activation row
@@ -218,7 +326,13 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
             for (int p = 0; p < NR / 2; p++) {
                 const __m512 sc = _mm512_permutexvar_ps(_mm512_inserti64x4(
                     _mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1), ds);
-                const __m512i t = fold512x2(s[MA * 2 * p + i], s[MA * (2 * p + 1) + i]);
+                __m512i t = fold512x2(s[MA * 2 * p + i], s[MA * (2 * p + 1) + i]);
+                if (bs) {
+                    const int16_t *bm = bs + (m + (i < ma ? i : 0)) * (K / 16) + g * 2;
+                    t = _mm512_sub_epi32(t, _mm512_inserti64x4(
+                                                _mm512_castsi256_si512(q6_minus32(b->sc6[f][2 * p], bm)),
+                                                q6_minus32(b->sc6[f][2 * p + 1], bm), 1));
+                }
                 facc[NR / 2 * i + p] = _mm512_fmadd_ps(cvt512_ps(t), sc,
                                                        facc[NR / 2 * i + p]);
             }
@@ -256,6 +370,11 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
             }
         }
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
+        if (bs)
+            for (int i = 0; i < ma; i++)
+                for (int r = 0; r < nr; r++)
+                    s[MA * r + i] = _mm256_sub_epi32(
+                        s[MA * r + i], q6_minus32(b->sc6[f][r], bs + (m + i) * (K / 16) + g * 2));
         /* row_dot's scalar products d * x scale, four weight rows per multiply (the unused lanes
          * of a partial group hold zero or an earlier group's scale: multiplied, never read) */
         float ds[MA][NR];
@@ -336,10 +455,11 @@ static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64
 
 /* Weight rows [n0, n1) against all M activation rows (int16, quantized): y = dot + bias */
 static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
-                      const int16_t *xq, const float *xs, const float *xsum, int64_t M,
-                      int64_t K, float *y, int64_t N, const float *bias, gemm_buf *b) {
+                      const int16_t *xq, const float *xs, const float *xsum, const int16_t *bs,
+                      int64_t M, int64_t K, float *y, int64_t N, const float *bias, gemm_buf *b) {
+    /* bs: NULL for int16 activations; int8 (widened, gemm_widen8): quantize_row8's bs */
     const int64_t G = K / 32, bb = block_bytes(type);
-    const int q6 = type == T_Q6_K, fw = q6 ? 128 : 256;
+    const int q6 = type == T_Q6_K, fw = q6 && !bs ? 128 : 256;
     /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
      * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
      * 1536x8960 ran 10-15% slower than with 64 rows read from L3 (one thread) */
@@ -358,15 +478,20 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
                 for (int r = 0; r < nr; r++) {
                     const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
-                    if (q6)
+                    if (q6 && bs)
+                        unpack_q6k_8(w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->sc6[0][r]);
+                    else if (q6)
                         unpack_q6k(w, kc / 256, b->w + ROWW * r, &b->d[0][r]);
+                    else if (bs)
+                        unpack_k4_8(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
+                                    &b->mn[0][r]);
                     else
                         unpack_k4(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
                                   &b->mn[0][r]);
                 }
                 for (int64_t m = mb; m < me; m += MA)
                     gemm_micro(b, nr, me - m < MA ? (int)(me - m) : MA, fw, xq, xs, K, G, k0, kc,
-                               m, m - mb);
+                               m, m - mb, q6 ? bs : NULL);
                 if (!q6)
                     gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
             }
@@ -385,13 +510,22 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
 
 void *gemm_buf_new(void) {
     gemm_buf *b = aligned_alloc(64, (sizeof(gemm_buf) + 63) / 64 * 64);
-    if (b)
-        memset(b->d, 0, sizeof b->d); /* a partial group of rows multiplies unused lanes */
+    if (b) { /* a partial group of rows multiplies unused lanes */
+        memset(b->d, 0, sizeof b->d);
+        memset(b->sc6, 0, sizeof b->sc6);
+    }
     return b;
 }
 
 void gemm_range(void *buf, int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
-                const int16_t *xq, const float *xs, const float *xsum, int64_t M, int64_t K,
-                float *y, int64_t N, const float *bias) {
-    gemm_rows(type, W, row_bytes, n0, n1, xq, xs, xsum, M, K, y, N, bias, (gemm_buf *)buf);
+                const int16_t *xq, const float *xs, const float *xsum, const int16_t *bs,
+                int64_t M, int64_t K, float *y, int64_t N, const float *bias) {
+    if (buf) {
+        gemm_rows(type, W, row_bytes, n0, n1, xq, xs, xsum, bs, M, K, y, N, bias, (gemm_buf *)buf);
+    } else { /* out of memory: ~35 KiB on this thread's stack */
+        gemm_buf local;
+        memset(local.d, 0, sizeof local.d);
+        memset(local.sc6, 0, sizeof local.sc6);
+        gemm_rows(type, W, row_bytes, n0, n1, xq, xs, xsum, bs, M, K, y, N, bias, &local);
+    }
 }

@@ -1,7 +1,7 @@
 /* The OpenMP driver of the matrix products: scratch for the quantized activations, the
  * checks, and the choice between the row-by-row kernels (rowdot16.c, rowdot8.c) and the prompt
  * kernel (gemm.c) for each product: products of at least `prompt_rows` activation rows with
- * K-quant weights and int16 activations take the prompt kernel. Both give the same bits. */
+ * K-quant weights take the prompt kernel (int16 or int8 activations). Both give the same bits. */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -86,7 +86,7 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
     for (int j = 0; j < n; j++) {
         const int type = (int)l[j]->type, bits = (int)l[j]->bits;
         const int64_t rb = l[j]->K / block_weights(type) * block_bytes(type), N = l[j]->N;
-        if (bits == 16 && M >= prompt_rows && gemm_type(type)) {
+        if (M >= prompt_rows && gemm_type(type)) {
             /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
              * a thread slowed by another process (a shared machine) leaves its work to the
              * others instead of holding up the pass at the barrier */
@@ -95,7 +95,7 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             /* decode and verification: chunks of about DCH_BYTES of weight rows, handed out
              * in the same way; a chunk is rows n0..n1 of the row-by-row kernel */
             mode[j] = DECODE, size[j] = rb >= DCH_BYTES / 4 ? 4 : DCH_BYTES / rb;
-        } else { /* row-by-row prompt chunks (int8, or types without the prompt kernel) */
+        } else { /* row-by-row prompt chunks (types without the prompt kernel) */
             mode[j] = SHARE, size[j] = N;
         }
         first[j + 1] = first[j] + (mode[j] == SHARE ? 0 : (N + size[j] - 1) / size[j]);
@@ -105,17 +105,23 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const int j = (int)(i / M);
         const int64_t m = i % M, K = l[j]->K, G = K / 32;
         const int type = (int)l[j]->type, qb = (int)block_weights(type);
-        if (l[j]->bits == 16)
+        if (l[j]->bits == 16) {
             quantize_row(x + m * K, K, qb, type == T_Q4_K || type == T_Q5_K ? 1 + TQ_AVX512 : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
-        else
+        } else if (mode[j] == GEMM) { /* int8 values, widened to int16 for the prompt kernel */
+            int16_t *row = (int16_t *)s[j]->xq + m * K;
+            quantize_row8(x + m * K, K, qb, (int8_t *)row + K, s[j]->xs + m * G,
+                          s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
+            gemm_widen8(row, K);
+        } else {
             quantize_row8(x + m * K, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16),
                           TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
+        }
     }
     /* implicit barrier */
-    /* where a thread's prompt-kernel buffer cannot be allocated, it takes its chunks through
-     * the row-by-row kernel (same bits) */
+    /* the prompt kernel's buffer (where it cannot be allocated, gemm_range uses one on the
+     * thread's stack) */
     void *buf = gemm ? gemm_buf_new() : NULL;
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t c = 0; c < first[n]; c++) {
@@ -126,9 +132,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const int type = (int)L->type, bits = (int)L->bits;
         const int64_t K = L->K, N = L->N, rb = K / block_weights(type) * block_bytes(type);
         const int64_t r0 = (c - first[j]) * size[j], r1 = N < r0 + size[j] ? N : r0 + size[j];
-        if (mode[j] == GEMM && buf)
+        if (mode[j] == GEMM)
             gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,
-                       s[j]->xsum, M, K, y[j], N, L->bias);
+                       s[j]->xsum, bits == 8 ? s[j]->bs : NULL, M, K, y[j], N, L->bias);
         else
             row_range(type, L->W, rb, r0, r1, s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, M, K,
                       y[j], N, L->bias, bits);

@@ -31,7 +31,7 @@ int64_t tq_block_bytes(int type); /* bytes per block of a ggml type id; 0: not t
 int tq_matmul_check(int type, int64_t K, int bits); /* 1 when tq_matmul takes these */
 int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K);
 void tq_scratch_free(tq_scratch *s);
-/* prompt_rows: products of at least this many rows (K-quant weights, int16 activations) take
+/* prompt_rows: products of at least this many rows (K-quant weights) take
  * the prompt kernel (gemm.c), fewer the row-by-row kernels; both give the same bits */
 int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
               float *y, const float *bias, int nthreads, int bits, int64_t prompt_rows);
