@@ -73,9 +73,14 @@ def test_seeded_sampling_repeats(target):
 
 def test_logits_match_transformers_on_the_same_gguf(target):
     """transformers dequantizes the GGUF to float32; our dense float32 mode must agree to
-    float32 accumulation noise, and the default int4/bf16 path to bf16 rounding of activations
-    (measured here: see the assertion bounds), with the same next token everywhere it is not a
-    near-tie."""
+    float32 accumulation noise, int16 activations (`--activations int16`) to their rounding at
+    every position, and the default (mixed: int8 but the FFN down projection) to int8 rounding
+    (measured: at most ~0.5 logit) at every position after the first, with the same next token
+    everywhere it is not a near-tie. The first token's hidden state carries outliers thousands
+    of times its other values (the attention sink), so int8 blocks round the rest of it to
+    almost nothing there: its own logits are off by ~10 (llama.cpp's Q8_K rounding is the same
+    scheme); only a one-token prompt samples from them, and the later positions, which attend
+    to its keys and values, stay within the int8 bound."""
     from transformers import AutoModelForCausalLM
 
     from tandem import registry
@@ -91,12 +96,17 @@ def test_logits_match_transformers_on_the_same_gguf(target):
     got = dense.model(torch.tensor([ids]), KVCache(dense.args, 1, 64, torch.float32), [0], [0])[0]
     del dense
     assert (got - want).abs().max().item() < 2e-3
+    exact = load_model("default", Numerics(activations="int16"), max_len=64)
+    got = exact.model(torch.tensor([ids]), KVCache(exact.args, 1, 64, exact.dtype), [0], [0])[0]
+    del exact
+    assert (got - want).abs().max().item() < 0.1
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
     fast = target.model(torch.tensor([ids]), KVCache(target.args, 1, 64, target.dtype), [0], [0])[0]
-    diff = (fast - want).abs().max().item()
+    diff = (fast[1:] - want[1:]).abs().max().item()
     assert diff < 1.0, diff
-    top2 = want.topk(2, dim=-1).values
+    top2 = want[1:].topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * diff  # positions where rounding cannot flip the winner
-    assert torch.equal(fast.argmax(-1)[clear], want.argmax(-1)[clear])
+    assert torch.equal(fast[1:].argmax(-1)[clear], want[1:].argmax(-1)[clear])
 
 
 @pytest.mark.parametrize("types", ["draft-simple", "ngram-simple", "ngram-simple,draft-simple",
