@@ -26,7 +26,7 @@ static inline float block_amax(const float *x, int64_t n) {
 /* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums.
  * split: each group of 32 stored as its 16 even-indexed values, then its 16 odd-indexed ones,
  * the order in which the Q4_K / Q5_K kernels take the weights apart (k4_nibbles). With
- * split == 2 (the AVX-512 build) the 16-value halves of each 128 values (groups 0..3) are
+ * split == 2 (the AVX-512 row-by-row kernels) the 16-value halves of each 128 values (groups 0..3) are
  * moreover stored as 0e 2e 0o 2o 1e 3e 1o 3o: the halves of two chunks that one 512-bit
  * vector of unpacked weights meets. */
 void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,

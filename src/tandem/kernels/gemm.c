@@ -4,7 +4,9 @@
  * MR = 10 activation rows, and its accumulators and the weights do not fit the 16 vector
  * registers (gcc spills). Here NR = 4 weight rows are unpacked once, KC weights at a time, into
  * an int16 buffer that stays in L1; a micro-kernel then runs MA activation rows against the 4
- * rows at a time (AVX2: 2 rows, 8 integer accumulators; AVX-512: 4 rows, 16), for every row of
+ * rows at a time (AVX2: 2 rows, 8 integer accumulators; AVX-512: 4 rows, 8 accumulators that
+ * each hold two weight rows: vector v of rows 2p and 2p + 1 in one 512-bit register against
+ * the activations broadcast to both halves, so no lanes need folding), for every row of
  * a block of activation rows (up to 64 rows within 2 MiB: L2, or L3 for long rows). The driver
  * (matmul.c) hands the weight rows out to the threads in chunks (gemm_range).
  * Each output element gets exactly row_dot's result bit for bit: lane j of each integer sum
@@ -20,7 +22,8 @@
 #include "blocks.h"
 
 #define NR 4    /* weight rows per micro-kernel */
-#if TQ_AVX512 /* activation rows per micro-kernel: 16 integer accumulators of 32 registers */
+#if TQ_AVX512 /* activation rows per micro-kernel: 8 integer accumulators (two weight rows each)
+                * and 8 float ones of 32 registers; MA 8 measured 10-30% slower */
 #define MA 4
 #else /* 8 of 16 */
 #define MA 2
@@ -30,9 +33,9 @@
 
 typedef struct {
     /* q times its sub-block scale; vector v (the weights of activations 16v..16v+15 as they
-     * are stored: split for Q4_K / Q5_K) of row r at w + (v*NR + r)*16, so the micro-kernel
-     * reads one stream (AVX-512: vectors 2u and 2u+1 of row r side by side at
-     * w + (u*NR + r)*32, one 512-bit load against activations 32u..32u+31) */
+     * are stored: split for Q4_K / Q5_K, as quantize_row's split 1 in both builds) of row r
+     * at w + (v*NR + r)*16, so the micro-kernel reads one stream (AVX-512: vector v of rows
+     * 2p and 2p + 1 in one 512-bit load at w + v*NR*16 + 32p) */
     int16_t w[KC * NR];
     float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
     float mn[KC / 256][NR][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
@@ -41,13 +44,10 @@ typedef struct {
     float off[GMB][NR][8]; /* activation row m, weight row r: off[m][r] */
 } gemm_buf;
 
-#if TQ_AVX512
-#define ROWW 32 /* row r's vectors start at buffer + ROWW r */
-#define VEC(out, v) ((__m256i *)((out) + ((int64_t)(v) >> 1) * NR * 32 + ((v) & 1) * 16))
-#else
+/* vector v of the NR rows side by side (row r: buffer + ROWW r), so that one 512-bit load
+ * meets vector v of rows 2p and 2p + 1 */
 #define ROWW 16
 #define VEC(out, v) ((__m256i *)((out) + (int64_t)(v) * NR * 16)) /* vector v of a row */
-#endif
 
 /* nsb super-blocks of one Q4_K / Q5_K row into out (row r: buffer + ROWW r), d (flush group f
  * at d[f * NR]), mn (super-block sb at mn[sb * NR]) */
@@ -64,11 +64,7 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
             __m256i q[4];
             k4_chunk(five, qs, qh, sc16, c, q);
             for (int i = 0; i < 4; i++) /* in the order of the split activations */
-#if TQ_AVX512 /* ... stored in pairs of chunks (quantize_row, split 2) */
-                _mm256_storeu_si256(VEC(out, 16 * sb + 8 * (c / 2) + 2 * i + c % 2), q[i]);
-#else
                 _mm256_storeu_si256(VEC(out, 16 * sb + 4 * c + i), q[i]);
-#endif
         }
     }
 }
@@ -200,36 +196,29 @@ static inline __m256i q6_minus32(const int16_t *sc, const int16_t *bs) {
 }
 
 #if TQ_AVX512
-/* The AVX-512 micro-kernel: s[MA r + i] (16 int32 lanes) += the products of vectors 2u, 2u+1
- * of row r with x_i[32u..32u+31], one vpdpwssd, for u < nv / 2, nr rows (1..NR) against MA
- * activation rows. fold512 then gives the sums the AVX2 micro-kernel holds. MA = 4 (16
- * accumulators): with 2 rows, 13.2-13.7 against 13.6-14.0 ms on a Zen-class CPU (Q4_K
- * 64 x 8960 x 1536), and on the AVX-512 Xeon the whole prompt kernel with the paired offsets
- * below took 21.8-22.0 against 23.0-24.0 ms (128 rows, one thread, best of 200, interleaved).
- * An 8 x 2 kernel (8 weight rows) and this loop in assembly were no faster there. */
+/* The AVX-512 micro-kernel: s[MA p + i] (16 int32 lanes: row 2p's eight, then row 2p + 1's)
+ * += vector v of rows 2p and 2p + 1 (one 512-bit load) against x_i[16v..16v+15] in both halves
+ * (one broadcast load), one vpdpwssd, for v < nv and np row pairs. Lane j of each half then
+ * holds the sum the AVX2 micro-kernel's lane j holds for that row, with no fold; np pairs of
+ * NR rows (a partial pair computes a row that is not kept). */
 static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
                                                             const int16_t *const x[MA],
-                                                            int64_t nv, int nr,
-                                                            __m512i s[MA * NR]) {
-    for (int i = 0; i < MA * NR; i++)
+                                                            int64_t nv, int np,
+                                                            __m512i s[MA * NR / 2]) {
+    for (int i = 0; i < MA * NR / 2; i++)
         s[i] = _mm512_setzero_si512();
-    for (int64_t u = 0; u < nv / 2; u++) {
+    for (int64_t v = 0; v < nv; v++) {
         __m512i a[MA];
         for (int i = 0; i < MA; i++)
-            a[i] = _mm512_loadu_si512((const void *)(x[i] + 32 * u));
-        for (int r = 0; r < NR; r++) {
-            if (r < nr) {
-                const __m512i wv = _mm512_loadu_si512((const void *)(w + (u * NR + r) * 32));
+            a[i] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i] + 16 * v)));
+        for (int p = 0; p < NR / 2; p++) {
+            if (p < np) {
+                const __m512i wv = _mm512_loadu_si512((const void *)(w + v * NR * 16 + 32 * p));
                 for (int i = 0; i < MA; i++)
-                    s[MA * r + i] = _mm512_dpwssd_epi32(s[MA * r + i], wv, a[i]);
+                    s[MA * p + i] = _mm512_dpwssd_epi32(s[MA * p + i], wv, a[i]);
             }
         }
     }
-}
-
-/* fold512 of two sums at once: [a.lo + a.hi | b.lo + b.hi] */
-static inline __m512i fold512x2(__m512i a, __m512i b) {
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xEE));
 }
 #endif
 
@@ -312,21 +301,23 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
         for (int i = 0; i < MA; i++)
             x[i] = xq + (m + (i < ma ? i : 0)) * K + k0 + f * fw;
         const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
-        __m512i s[MA * NR]; /* s[MA r + i]: weight row r, activation row m + i */
+        __m512i s[MA * NR / 2]; /* s[MA p + i]: weight rows 2p, 2p + 1, activation row m + i */
         if (nr == NR)
-            micro_512(w, x, nv, NR, s);
+            micro_512(w, x, nv, NR / 2, s);
         else
-            micro_512(w, x, nv, nr, s);
+            micro_512(w, x, nv, (nr + 1) / 2, s);
         const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
-        const __m128 d4 = _mm_loadu_ps(b->d[f]);
+        __m512 dd[NR / 2]; /* [d of row 2p x 8 | d of row 2p + 1 x 8] */
+        for (int p = 0; p < NR / 2; p++)
+            dd[p] = _mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(b->d[f][2 * p]))),
+                _mm256_castps_pd(_mm256_set1_ps(b->d[f][2 * p + 1])), 1));
         for (int i = 0; i < MA; i++) {
-            /* row_dot's d * x scale for the four weight rows, then two per register */
-            const __m512 ds = _mm512_castps128_ps512(
-                _mm_mul_ps(d4, _mm_set1_ps(xs[(m + (i < ma ? i : 0)) * G + g])));
+            /* row_dot's d * x scale, two weight rows per register */
+            const __m512 xv = _mm512_set1_ps(xs[(m + (i < ma ? i : 0)) * G + g]);
             for (int p = 0; p < NR / 2; p++) {
-                const __m512 sc = _mm512_permutexvar_ps(_mm512_inserti64x4(
-                    _mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1), ds);
-                __m512i t = fold512x2(s[MA * 2 * p + i], s[MA * (2 * p + 1) + i]);
+                const __m512 sc = _mm512_mul_ps(dd[p], xv);
+                __m512i t = s[MA * p + i];
                 if (bs) {
                     const int16_t *bm = bs + (m + (i < ma ? i : 0)) * (K / 16) + g * 2;
                     t = _mm512_sub_epi32(t, _mm512_inserti64x4(
