@@ -297,7 +297,6 @@ def test_several_listen_addresses(built, tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--reranking"], "--reranking is not supported"),
-    (["--kv-unified"], "--kv-unified is not supported"),
     (["--chat-template", "vicuna"], "built-in names Tandem knows chatml, llama3"),
     (["--ctx-size", "64", "--parallel", "8"], "8 tokens per slot"),
     (["--no-such-flag"], "unrecognized arguments"),
@@ -656,3 +655,33 @@ def test_reasoning_flag(reasoning, opens, expected_end):
     body = ChatBody.model_validate({"messages": [{"role": "user", "content": "Q"}]})
     text = chat_text(SimpleNamespace(tok=tok), body, reasoning)
     assert text == "Q" + expected_end
+
+
+def test_kv_unified_shares_the_context_and_fails_what_does_not_fit(built):
+    """llama.cpp's test_completion_unified: 4 slots over 256 shared tokens. One request may
+    write 200 tokens (its share would be 64); four of 70 at once cannot all fit: each answer is
+    either whole or a 500 saying the context size has been exceeded, and the server serves on.
+    (Any two of 1 + 200 tokens overlap past 256: only requests run one after the other, each
+    admitted after the last finished, could all succeed.)"""
+    s = Server(["--model", str(built.path), "--ctx-size", "256", "--parallel", "4", "-t", "1",
+                "--kv-unified"], built.dir / "unified.log")
+    try:
+        s.wait_ready(120)
+        props = ok(httpx.get(f"{s.url}/props"))
+        assert props["default_generation_settings"]["n_ctx"] == 256
+        body = {"prompt": "A", "ignore_eos": True, **GREEDY}
+        alone = greedy(s, "A", 200, ignore_eos=True)["timings"]
+        assert alone["predicted_n"] == 200
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: post(s, "/completion", {**body, "n_predict": 200}),
+                                    range(4)))
+        codes = sorted(r.status_code for r in answers)
+        assert codes[0] == 200 and codes[-1] == 500, (alone, [r.text[:300] for r in answers])
+        for r in answers:
+            if r.status_code == 200:
+                assert r.json()["timings"]["predicted_n"] == 200
+            else:
+                assert "context size has been exceeded" in r.json()["error"]["message"].lower()
+        assert greedy(s, "A", 40, ignore_eos=True)["timings"]["predicted_n"] == 40
+    finally:
+        s.stop()

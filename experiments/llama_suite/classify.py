@@ -49,10 +49,14 @@ WHY = {
     "test_ctx_shift_enabled": MODEL + " (its tokenizer makes the prompt 226 tokens; SmolLM2's "
                               "117 and 96 more fit the slot, so nothing shifts; "
                               "tests/test_server_parity.py shifts the same way)",
-    "test_completion_unified": "--kv-unified (refused: each slot owns ctx-size/parallel)",
-    "test_completion_prompt_cache": "--kv-unified (refused)",
-    "test_clear_and_restore": "--kv-unified and --cache-ram (refused / not there)",
-    "test_disabled_with_flag": "--kv-unified and --cache-ram (refused / not there)",
+    "test_completion_unified": MODEL + " (SmolLM2 ends 'A' after 73 tokens, so n_predict 80 "
+                               "and 90 stop early; tests/test_server_parity.py runs the same "
+                               "pool with ignore_eos)",
+    "test_completion_prompt_cache": MODEL + " (its tokenizer's prompt_n for ' Hello 3' x 43)",
+    "test_clear_and_restore": "--cache-ram (llama-server's host-memory prompt cache) is not "
+                              "there, and the test reads llama.cpp's debug log tags",
+    "test_disabled_with_flag": "--cache-ram (llama-server's host-memory prompt cache) is not "
+                               "there, and the test reads llama.cpp's debug log tags",
     "test_synth_is_deterministic": "--spec-synth-*: llama.cpp's synthetic-draft test flags",
     "test_synth_ignores_target_tokens": "--spec-synth-*: llama.cpp's test flags",
     "test_with_and_without_draft": "a draft model's sampled drafts are verified by rejection "
@@ -72,7 +76,7 @@ KINDS = {
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
     "reranking": "reranking (needs a cross-encoder model; refused)",
     "multimodal": "multimodal input (no projector)",
-    "--kv-unified": "refused flags: --kv-unified",
+    "--cache-ram": "flags not there: --cache-ram",
     "--spec-synth": "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy)",
     "--tools": "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy)",
     "--ui-mcp-proxy": "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy)",

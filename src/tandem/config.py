@@ -353,7 +353,8 @@ class Numerics:
 @dataclass(slots=True)
 class EngineConfig:
     """How the engine is laid out and computes: context per slot (the -c flag is the total
-    over slots, divided by flags.engine_config), slots, threads, weights,
+    over slots, divided by flags.engine_config; with kv_unified every slot's, shared), slots,
+    threads, weights,
     dtype, activation rounding, and the numeric switches (environment variables
     TANDEM_KERNELS, TANDEM_PROMPT_KERNEL, TANDEM_NATIVE_LAYERS = 0 turn them off)."""
 
@@ -397,6 +398,13 @@ class EngineConfig:
              "verification rows come first, then a chunk of a waiting prompt sized to take "
              "about twice their time (measured), within this limit, so running streams keep "
              "getting tokens while a long prompt is read"))
+    kv_unified: bool = field(default=False, metadata=flag(
+        "-kvu", "--kv-unified",
+        help="one context of ctx-size positions shared by all slots, as llama-server's: each "
+             "slot may use all of it while the slots together hold no more than ctx-size "
+             "tokens (idle slots' cached prompts are dropped first; a request that still "
+             "does not fit fails with 'the context size has been exceeded'). Default: each "
+             "slot owns ctx-size / parallel"))
     prefill_chunk: int = 512  # prompt tokens per target pass when no slot is generating
     # a full context drops half its tokens after the request's n_keep and generation goes on
     # (llama-server's --context-shift; the server's flag sets it), instead of stopping
@@ -417,6 +425,11 @@ class EngineConfig:
             raise TandemError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         for role in ("target", "draft"):
             self.numerics(role)  # checks weights, dtype and both activations
+
+    @property
+    def pool(self) -> int | None:
+        """With --kv-unified, the tokens all slots may hold together (ctx_size); else None."""
+        return self.ctx_size if self.kv_unified else None
 
     def max_len(self, spec: SpecConfig) -> int:
         """KV positions per slot: the context, room for the largest [last, *draft], one more."""

@@ -82,7 +82,8 @@ class Sequence:
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # per output token, if n_probs
     text: str = ""  # decoded output (incl. held-back part)
     emitted: int = 0  # characters of text already handed out
-    stop_type: str = ""  # "" while running, then eos | limit | word | cancel
+    stop_type: str = ""  # "" while running, then eos | limit | word | cancel | error
+    error: str = ""  # with stop_type "error": why the request could not go on
     stopping_word: str = ""
     stats: SpecStats = field(default_factory=SpecStats)
     t_start: float = 0.0
@@ -159,10 +160,14 @@ class Engine:
         self.max_k = spec.spare_positions
         max_len = cfg.max_len(spec)
         kv_dtype = target.dtype
-        self.cache = KVCache(target.args, cfg.n_parallel, max_len, kv_dtype)
+        # with --kv-unified each slot may reach the whole context but together they hold at
+        # most ctx_size tokens (`_fit_pool`): the memory is given as positions are written
+        lazy = cfg.pool is not None
+        self.cache = KVCache(target.args, cfg.n_parallel, max_len, kv_dtype, lazy=lazy)
         self.draft_cache = None
         if draft is not None:
-            self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype)
+            self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype,
+                                       lazy=lazy)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
         self._calibrated = False
         # end-of-generation ids, masked out of the target's rows when a request ignores EOS
@@ -253,10 +258,21 @@ class Engine:
         """Forget what an idle slot's caches hold; returns how many tokens it held."""
         self._idle(slot)
         n = self.cache.length(slot)
-        self.cache.truncate(slot, 0)
-        if self.draft_cache is not None:
-            self.draft_cache.truncate(slot, 0)
+        self._forget(slot, 0)
         return n
+
+    def _forget(self, slot: int, keep: int, draft_keep: int | None = 0) -> None:
+        """Keep the first `keep` tokens of the slot's cache (and `draft_keep` of the draft's;
+        None: leave the draft's as it is); with --kv-unified the memory of the rest is given
+        back (KVCache.drop), as the pool counts only what the slots hold."""
+        caches = [(self.cache, keep)]
+        if self.draft_cache is not None and draft_keep is not None:
+            caches.append((self.draft_cache, min(draft_keep, self.draft_cache.length(slot))))
+        for cache, n in caches:
+            if self.cfg.pool is not None:
+                cache.drop(slot, n)
+            else:
+                cache.truncate(slot, n)
 
     def _idle(self, slot: int) -> None:
         if not 0 <= slot < len(self.slots):
@@ -314,7 +330,10 @@ class Engine:
         self.slots[slot] = seq
         try:
             keep = self.cache.common_prefix(slot, ids[:-1]) if req.cache_prompt else 0
-            self.cache.truncate(slot, keep)
+            draft_keep = None  # the draft proposer cuts its cache to the prompt itself
+            if self.cfg.pool is not None and self.draft_cache is not None:
+                draft_keep = self.draft_cache.common_prefix(slot, ids[:-1])  # (and memory)
+            self._forget(slot, keep, draft_keep)
             seq.prefill_at = keep
             seq.n_prompt_processed = len(ids) - keep
             seq.speculator = self.speculation.start(spec, slot, req.sampling, gen, list(ids),
@@ -436,6 +455,11 @@ class Engine:
             draft_room = 0
         else:  # nothing waits: each draft is bounded by its own budget and controller
             prompt_rows, draft_room = 0, self.max_k * len(gen)
+        if self.cfg.pool is not None:  # --kv-unified: what this pass adds must fit the pool
+            gen, filling, prompt_rows, draft_room = self._fit_pool(gen, filling, prompt_rows,
+                                                                   draft_room)
+            if not gen and not filling:
+                return seqs
         # drafts: each sequence's controller weighs its rows against the rest of the pass
         # (the other sequences' rows, decided or at least one each, and the prompt rows)
         drafts = []
@@ -501,6 +525,48 @@ class Engine:
         for s in filling:
             s.n_new = 0
         return seqs
+
+    def pool_held(self) -> int:
+        """Tokens every slot's cache holds (idle slots' cached prompts included)."""
+        return sum(self.cache.length(i) for i in range(self.cfg.n_parallel))
+
+    def _fit_pool(self, gen: list[Sequence], filling: list[Sequence], prompt_rows: int,
+                  draft_room: int) -> tuple[list[Sequence], list[Sequence], int, int]:
+        """--kv-unified: the slots share ctx_size positions. A pass adds at least one token per
+        generating sequence, its prompt rows, and at most its drafted tokens. When that does
+        not fit, idle slots' cached tokens go first; then drafts and prompt rows shrink to
+        what fits (a prompt waits for room); then, while the generating rows alone do not fit
+        (or nothing could move), the newest request fails with the context size exceeded, as
+        llama-server's requests do when its unified cache is full."""
+        pool = self.cfg.pool
+        while True:
+            free = pool - self.pool_held()
+            if free < len(gen) + prompt_rows + draft_room:
+                for i, s in enumerate(self.slots):
+                    if s is None and self.cache.length(i):
+                        self._forget(i, 0)
+                free = pool - self.pool_held()
+            room = free - len(gen)
+            if room >= 0 and (gen or min(prompt_rows, room) > 0):
+                prompt_rows = min(prompt_rows, room)
+                return gen, filling, prompt_rows, min(draft_room, room - prompt_rows)
+            victim = max(gen + filling, key=lambda q: q.t_start)
+            victim.stop_type, victim.n_new = "error", 0
+            victim.error = (f"the context size has been exceeded: with --kv-unified the "
+                            f"{self.cfg.n_parallel} slots share {pool} tokens and hold "
+                            f"{pool - free}; this request held "
+                            f"{self.cache.length(victim.slot)}")
+            victim.text += victim.detok.flush()
+            self.release(victim)
+            self._forget(victim.slot, 0)
+            gen = [q for q in gen if q is not victim]
+            filling = [q for q in filling if q is not victim]
+            if not gen and not filling:
+                return gen, filling, 0, 0
+            if not gen:  # the first waiting prompt alone
+                first = filling[0]
+                prompt_rows = min(first.n_prompt - 1 - first.prefill_at, self.cfg.batch_size)
+            draft_room = 0
 
     def _shift(self, seq: Sequence) -> None:
         """llama-server's context shift, on a full context: keep the first n_keep tokens (-1:

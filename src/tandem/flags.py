@@ -74,7 +74,8 @@ def add_model_args(p: argparse.ArgumentParser, *, default_model: str | None = "d
                    help="target: a .gguf file, a Hugging Face directory or a model name "
                         "(default, default-draft, smollm2-135m, gemma3-270m)")
     g.add_argument("-md", "--model-draft", default=None, help="draft model (name or path)")
-    add_config_args(g, EngineConfig, skip=() if parallel else ("n_parallel", "batch_size"))
+    add_config_args(g, EngineConfig,
+                    skip=() if parallel else ("n_parallel", "batch_size", "kv_unified"))
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -97,9 +98,9 @@ def spec_config(a: argparse.Namespace) -> SpecConfig:
 
 def engine_config(a: argparse.Namespace) -> EngineConfig:
     """The engine's config; --ctx-size is the context over all slots (llama-server's meaning),
-    so each slot gets ctx-size / parallel."""
+    so each slot gets ctx-size / parallel, or with --kv-unified may use all of it (shared)."""
     cfg = config_of(EngineConfig, a)
-    if cfg.n_parallel > 1:
+    if cfg.n_parallel > 1 and not cfg.kv_unified:
         per_slot = cfg.ctx_size // cfg.n_parallel
         if per_slot < 16:
             raise TandemError(f"--ctx-size {cfg.ctx_size} over --parallel {cfg.n_parallel} "

@@ -18,7 +18,10 @@ What is counted (the loader and the decoder hold exactly these):
   biases are at the compute dtype.
   Mode "dense": every 2-D tensor at the compute dtype. A float32 compute dtype implies dense.
 - KV cache: n_parallel * (ctx_size + max_k + 1) positions * 2 (K and V) * n_layers * n_kv_heads
-  * head_dim, at 2 bytes (bf16) or 4 (float32), preallocated once.
+  * head_dim, at 2 bytes (bf16) or 4 (float32), preallocated once. With --kv-unified the
+  slots share ctx_size positions (each with room for its own draft): (ctx_size + n_parallel *
+  (max_k + 1)) positions, the memory given as they are written and given back when an idle
+  slot's cache is dropped, plus a page at each end of every slot's run per layer and head.
 - working buffers, float32: the verify logits, n_parallel * (max_k + 1) rows * vocab; one
   prefill chunk's activations, chunk * max(3 * ffn_dim (gate, up, product),
   n_heads * ctx_size (attention scores)); the largest layer weight expanded to float32 for a
@@ -40,6 +43,7 @@ tokenizer, and in modes int4/dense the mmap of the model file (read once while l
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,9 +198,16 @@ def _packs_to_int4(name: str, type_name: str, shape: tuple[int, ...]) -> bool:
     return type_name in INT4_TYPES and not embedding and shape[0] % 16 == 0
 
 
-def kv_cache_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int, el: int) -> int:
-    positions = n_parallel * (ctx_size + max_k + 1)
-    return positions * 2 * args.n_layers * args.n_kv_heads * args.head_dim * el
+def kv_cache_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int, el: int,
+                   unified: bool = False) -> int:
+    """K and V of every slot. With --kv-unified the slots hold ctx_size tokens together, each
+    with room for a draft, and the memory is given as positions are written: that many
+    positions, plus up to a page per layer, slot, K/V and head at each end of what a slot holds."""
+    per_position = 2 * args.n_layers * args.n_kv_heads * args.head_dim * el
+    if unified:
+        slack = 2 * 2 * args.n_layers * n_parallel * args.n_kv_heads * mmap.PAGESIZE
+        return (ctx_size + n_parallel * (max_k + 1)) * per_position + slack
+    return n_parallel * (ctx_size + max_k + 1) * per_position
 
 
 def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
@@ -281,7 +292,7 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
             f"GGUF blocks in place + {_dtype_name(el)}" if eff_mode == "native" else
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
-            kv_cache_bytes(spec.args, ctx, slots, max_k, el),
+            kv_cache_bytes(spec.args, ctx, slots, max_k, el, cfg.kv_unified),
             c_layer_bytes(spec.args, ctx, slots, max_k, chunk)
             if c_layers(spec, eff_mode) else
             working_bytes(spec.args, ctx, slots, max_k, chunk,
@@ -291,8 +302,9 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
         available, source = available_memory()
     else:
         source = "given"
-    settings = (f"ctx-size {ctx} x {slots} slot(s), {max_k} spare positions for drafts, "
-                f"prefill chunk {chunk}")
+    settings = (f"ctx-size {ctx} shared by {slots} slot(s) (--kv-unified)" if cfg.kv_unified
+                else f"ctx-size {ctx} x {slots} slot(s)")
+    settings += f", {max_k} spare positions for drafts, prefill chunk {chunk}"
     return MemoryPlan(rows, TORCH_RUNTIME_BYTES, available, source, settings)
 
 

@@ -20,6 +20,7 @@ threshold are arguments (the config owns the settings).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -71,14 +72,16 @@ _libs: dict[str, ctypes.CDLL | None] = {}  # variant -> the loaded library (None
 _reasons: dict[str, str] = {}  # variant -> why it is unavailable
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """This CPU's flags (/proc/cpuinfo), read once: every product asks which build to use."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def _compiler() -> str | None:

@@ -6,6 +6,9 @@ position, and returns logits for every input position: verification needs all k+
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -14,6 +17,29 @@ from .. import kernels
 from ..config import Numerics
 from .args import ModelArgs
 from .linear import WIDE_MIN_ROWS
+
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4
+_libc = None
+
+
+def _release_pages(addr: int, nbytes: int) -> None:
+    """madvise(MADV_DONTNEED) on the whole pages inside [addr, addr + nbytes) (Linux; a no-op
+    where the call is not there)."""
+    global _libc
+    start = -(-addr // _PAGE) * _PAGE
+    end = (addr + nbytes) // _PAGE * _PAGE
+    if end <= start:
+        return
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.madvise(start, end - start, _MADV_DONTNEED)
 
 
 class KVCache:
@@ -25,10 +51,15 @@ class KVCache:
     """
 
     def __init__(self, args: ModelArgs, n_slots: int, max_len: int, dtype: torch.dtype,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", lazy: bool = False) -> None:
+        """lazy: leave the memory unwritten (torch.empty), so the system gives a slot's pages
+        only as its positions are written, and `drop` gives them back: a shared pool of
+        positions (--kv-unified) then holds about the memory of the tokens its slots hold, not
+        n_slots times the context. Positions are read only after they are written."""
         shape = (args.n_layers, n_slots, args.n_kv_heads, max_len, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        make = torch.empty if lazy else torch.zeros
+        self.k = make(shape, dtype=dtype, device=device)
+        self.v = make(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
         self.rope = (args.head_dim, args.rope_theta, args.rope_interleaved)
@@ -47,6 +78,21 @@ class KVCache:
         del self.tokens[slot][length:]
         if self.exact[slot] is not None and length <= self.exact[slot]:
             self.exact[slot] = None
+
+    def drop(self, slot: int, keep: int = 0) -> None:
+        """Keep the slot's first `keep` tokens and give the memory of its other positions back
+        to the system (their whole pages, madvise DONTNEED: read again they are zeros, written
+        again they are given anew)."""
+        self.truncate(slot, keep)
+        if keep == 0:
+            self.exact[slot] = None
+        for t in (self.k, self.v):
+            if t.device.type != "cpu":
+                continue
+            for layer in t[:, slot]:  # (kv heads, max_len, head_dim)
+                for head in layer:  # positions contiguous
+                    rest = head[keep:]
+                    _release_pages(rest.data_ptr(), rest.nbytes)
 
     def append(self, slot: int, ids: list[int]) -> None:
         """Record that ids were just written at the slot's end."""

@@ -98,9 +98,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
                    help="not supported: reranking needs a cross-encoder with a ranking head; "
                         "Tandem serves causal language models (refused)")
-    g.add_argument("--kv-unified", "-kvu", dest="kv_unified", action="store_true",
-                   help="not supported: each Tandem slot has its own ctx-size/parallel "
-                        "positions (refused)")
     g.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling",
                    action="store_true",
                    help="accepted: Tandem samples on the CPU, where its logits are")
@@ -212,9 +209,6 @@ def _settings(a: argparse.Namespace):
     if a.reranking:
         raise TandemError("--reranking is not supported: reranking needs a cross-encoder "
                           "model with a ranking head, and Tandem serves causal language models")
-    if a.kv_unified:
-        raise TandemError("--kv-unified is not supported: each slot has its own ctx-size / "
-                          "parallel positions (drop the flag)")
     if a.backend_sampling:
         log.info("--backend-sampling: no effect; Tandem samples on the CPU")
     if a.swa_full:

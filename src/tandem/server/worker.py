@@ -322,6 +322,10 @@ class Worker:
         seq = job.seq
         self.engine.release(seq)
         self._running.pop(seq.slot, None)
+        if seq.error:  # the engine could not go on (--kv-unified: the shared context is full)
+            log.info("request %d failed: %s", job.id, seq.error)
+            job.push(Failed(ApiError(500, seq.error)))
+            return
         self.metrics.finished(seq)
         log.info("request %d done: %s", job.id, _summary(seq))
         try:
