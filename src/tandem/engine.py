@@ -16,22 +16,21 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .config import EngineConfig, SamplingParams, SpecConfig
+from .config import EngineConfig, SpecConfig
 from .cpushare import CpuShare
 from .errors import TandemError
 from .grammar import Guide, bias_vector, constrain
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
-from .sampling import TokenLogprobs, make_generator, token_logprobs
+from .sampling import make_generator, token_logprobs
 from .schedule import prompt_order
+from .sequence import Request, Sequence
 from .speculative.controller import AcceptanceTracker, CostModel
-from .speculative.speculator import Speculation, Speculator
-from .speculative.stats import SpecStats
+from .speculative.speculator import Speculation
 from .speculative.verify import verify
 
 
@@ -39,110 +38,6 @@ from .speculative.verify import verify
 # (Engine._prompt_share): gaps at most 3x, prompts read at 2/3 speed
 PROMPT_SHARE = 2.0
 PROMPT_MEASURE_ROWS = 16  # a prompt-only pass this large measures the per-row prompt cost
-
-
-@dataclass(slots=True)
-class Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    spec: SpecConfig | None = None  # None = the engine's default
-    cache_prompt: bool = True
-    id_slot: int = -1
-    n_probs: int = 0  # > 0: keep the target's top n_probs log-probabilities per output token
-    # with n_probs: the probabilities after the sampler chain (temperature, top-k/p, min-p),
-    # tokens it rules out left out, instead of the raw logits' (llama.cpp's post_sampling_probs)
-    post_sampling: bool = False
-    grammar: str | None = None  # an llguidance grammar (grammar.py from_gbnf/from_json_schema)
-    logit_bias: dict[int, float] = field(default_factory=dict)  # added to the target's logits
-    # with --context-shift: the tokens a full context keeps (-1: the prompt), and how many of
-    # those after them it drops (0: half)
-    n_keep: int = 0
-    n_discard: int = 0
-
-
-@dataclass(slots=True)
-class Sequence:
-    """One request in a slot: its tokens, text, stop state and statistics."""
-
-    req: Request
-    slot: int
-    spec: SpecConfig
-    speculator: Speculator | None
-    gen: torch.Generator | None
-    seed: int
-    detok: object
-    tokens: list[int]  # prompt + generated
-    n_prompt: int
-    n_prompt_processed: int = 0  # prompt tokens this request computes (not reused from cache)
-    prefill_at: int = 0  # prompt tokens held in the cache so far (all but the last when read)
-    output: list[int] = field(default_factory=list)
-    # per output token: its proposer ("target" or Draft.source); len(text) once it was decoded
-    origins: list[str] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # per output token, if n_probs
-    text: str = ""  # decoded output (incl. held-back part)
-    emitted: int = 0  # characters of text already handed out
-    stop_type: str = ""  # "" while running, then eos | limit | word | cancel | error
-    error: str = ""  # with stop_type "error": why the request could not go on
-    stopping_word: str = ""
-    stats: SpecStats = field(default_factory=SpecStats)
-    t_start: float = 0.0
-    t_prompt_ms: float = 0.0
-    t_gen_start: float = 0.0
-    t_gen_ms: float = 0.0
-    n_new: int = 0  # tokens produced by the last step
-    guide: Guide | None = None  # the request's grammar state
-    bias: torch.Tensor | None = None  # (V,) the request's logit biases
-    truncated: bool = False  # the context was shifted (tokens dropped) while generating
-
-    @property
-    def done(self) -> bool:
-        return bool(self.stop_type)
-
-    @property
-    def prefilling(self) -> bool:
-        """Still reading its prompt (all but the last token go into the cache first)."""
-        return self.prefill_at < self.n_prompt - 1
-
-    def take_text(self) -> str:
-        """Text that is safe to stream now: never part of a possible stop string."""
-        hold = 0 if self.done else _partial_stop(self.text, self.req.sampling.stop)
-        end = len(self.text) - hold
-        out = self.text[self.emitted:end]
-        self.emitted = max(self.emitted, end)
-        return out
-
-    def timings(self) -> dict:
-        n = len(self.output)
-        t = {
-            "cache_n": self.n_prompt - self.n_prompt_processed,
-            "prompt_n": self.n_prompt_processed,
-            "prompt_ms": self.t_prompt_ms,
-            "prompt_per_token_ms": self.t_prompt_ms / max(self.n_prompt_processed, 1),
-            "prompt_per_second": 1e3 * self.n_prompt_processed / self.t_prompt_ms
-            if self.t_prompt_ms > 0 else 0.0,
-            "predicted_n": n,
-            "predicted_ms": self.t_gen_ms,
-            "predicted_per_token_ms": self.t_gen_ms / max(n, 1),
-            "predicted_per_second": 1e3 * n / self.t_gen_ms if self.t_gen_ms > 0 else 0.0,
-        }
-        if self.spec.enabled:
-            t["draft_n"] = self.stats.n_drafted
-            t["draft_n_accepted"] = self.stats.n_accepted
-            if self.guide is not None:  # drafted tokens the grammar forced
-                t["draft_n_forced"] = self.stats.n_forced
-        return t
-
-
-def _partial_stop(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of text that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 SLOT_FORMAT = "tandem-slot-1"  # save_slot's file: torch.save of tokens, K and V, model identity

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from ..config import SamplingParams, SpecConfig
 
 if TYPE_CHECKING:
-    from ..engine import Engine, Sequence, TokenLogprobs
+    from ..engine import Engine, Sequence
+    from ..sampling import TokenLogprobs
 
 
 def completion_json(seq: Sequence) -> dict:

@@ -32,7 +32,8 @@ from .results import completion_result, slot_view
 from .schemas import ApiError
 
 if TYPE_CHECKING:  # the engine (and torch) load in the background, after the socket listens
-    from ..engine import Engine, Request, Sequence, TokenLogprobs
+    from ..engine import Engine, Request, Sequence
+    from ..sampling import TokenLogprobs
 
 log = logging.getLogger("tandem.server")
 
