@@ -685,3 +685,18 @@ def test_kv_unified_shares_the_context_and_fails_what_does_not_fit(built):
         assert greedy(s, "A", 40, ignore_eos=True)["timings"]["predicted_n"] == 40
     finally:
         s.stop()
+
+
+def test_cache_ram_brings_back_a_prompt_another_one_displaced(built):
+    """llama-server's host-memory prompt cache (on by default): one slot, prompts a, b, a: the
+    second a reads one token (the rest comes back from RAM), answers as the first, and the
+    metrics count the reused tokens."""
+    a = [(7 * i + 3) % 200 + 3 for i in range(100)]
+    b = [(13 * i + 1) % 200 + 3 for i in range(90)]
+    body = {"n_predict": 6, "cache_prompt": True, **GREEDY}
+    first = ok(post(built.plain, "/completion", {"prompt": a, **body}))
+    ok(post(built.plain, "/completion", {"prompt": b, **body}))
+    again = ok(post(built.plain, "/completion", {"prompt": a, **body}))
+    assert first["timings"]["prompt_n"] == 100
+    assert (again["timings"]["prompt_n"], again["timings"]["cache_n"]) == (1, 99)
+    assert again["content"] == first["content"]

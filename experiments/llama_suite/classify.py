@@ -53,10 +53,10 @@ WHY = {
                                "and 90 stop early; tests/test_server_parity.py runs the same "
                                "pool with ignore_eos)",
     "test_completion_prompt_cache": MODEL + " (its tokenizer's prompt_n for ' Hello 3' x 43)",
-    "test_clear_and_restore": "--cache-ram (llama-server's host-memory prompt cache) is not "
-                              "there, and the test reads llama.cpp's debug log tags",
-    "test_disabled_with_flag": "--cache-ram (llama-server's host-memory prompt cache) is not "
-                               "there, and the test reads llama.cpp's debug log tags",
+    "test_clear_and_restore": "llama.cpp's own debug log tags (__TEST_TAG_CACHE_IDLE_SLOT__) "
+                              "and its --no-cache-idle-slots flag",
+    "test_disabled_with_flag": "llama.cpp's own debug log tags (__TEST_TAG_CACHE_IDLE_SLOT__) "
+                               "and its --no-cache-idle-slots flag",
     "test_synth_is_deterministic": "--spec-synth-*: llama.cpp's synthetic-draft test flags",
     "test_synth_ignores_target_tokens": "--spec-synth-*: llama.cpp's test flags",
     "test_with_and_without_draft": "a draft model's sampled drafts are verified by rejection "
@@ -76,7 +76,8 @@ KINDS = {
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
     "reranking": "reranking (needs a cross-encoder model; refused)",
     "multimodal": "multimodal input (no projector)",
-    "--cache-ram": "flags not there: --cache-ram",
+    "llama.cpp's own debug log tags": "llama.cpp's own test and tool features (--spec-synth-*, "
+                                      "--tools, MCP proxy, debug log tags)",
     "--spec-synth": "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy)",
     "--tools": "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy)",
     "--ui-mcp-proxy": "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy)",

@@ -19,11 +19,13 @@ from .errors import TandemError
 
 
 def flag(*names: str, help: str, request: str | None = None,
-         choices: tuple[str, ...] | None = None) -> dict[str, Any]:
+         choices: tuple[str, ...] | None = None, type: type | None = None,
+         metavar: str | None = None) -> dict[str, Any]:
     """A field's metadata: its flags (llama-server's spelling first, then aliases), the help
-    text, the allowed values, and the key a request may override it with (llama.cpp's
-    /completion field)."""
-    return {"flags": names, "help": help, "request": request, "choices": choices}
+    text, the allowed values, the key a request may override it with (llama.cpp's
+    /completion field), and for a field whose default is None its value's type and name."""
+    return {"flags": names, "help": help, "request": request, "choices": choices,
+            "type": type, "metavar": metavar}
 
 
 def _env_switch(name: str) -> bool:
@@ -405,6 +407,13 @@ class EngineConfig:
              "tokens (idle slots' cached prompts are dropped first; a request that still "
              "does not fit fails with 'the context size has been exceeded'). Default: each "
              "slot owns ctx-size / parallel"))
+    cache_ram: int | None = field(default=None, metadata=flag(
+        "-cram", "--cache-ram", type=int, metavar="MIB",
+        help="host-memory prompt cache, as llama-server's: what a slot held when a request "
+             "with another prompt took it stays in RAM (at most this many MiB, least recently "
+             "used out first), and a later prompt that starts the same way reads only what "
+             "follows. -1: no limit, 0: off. Default: llama-server's 8192, at most a quarter of "
+             "the memory available at start"))
     prefill_chunk: int = 512  # prompt tokens per target pass when no slot is generating
     # a full context drops half its tokens after the request's n_keep and generation goes on
     # (llama-server's --context-shift; the server's flag sets it), instead of stopping
@@ -421,10 +430,20 @@ class EngineConfig:
         if self.batch_size < 2:
             raise TandemError(f"batch-size must be >= 2 (a generating slot's row and a prompt "
                               f"token), got {self.batch_size}")
+        if self.cache_ram is not None and self.cache_ram < -1:
+            raise TandemError(f"cache-ram must be -1 (no limit), 0 (off) or a size in MiB, "
+                              f"got {self.cache_ram}")
         if self.prefill_chunk < 1:
             raise TandemError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         for role in ("target", "draft"):
             self.numerics(role)  # checks weights, dtype and both activations
+
+    def cache_ram_bytes(self, available: int) -> int | None:
+        """The host prompt cache's limit in bytes (0: off, None: no limit), `available` the
+        memory free at start (for the default)."""
+        if self.cache_ram is None:
+            return min(8192 << 20, available // 4)
+        return None if self.cache_ram < 0 else self.cache_ram << 20
 
     @property
     def pool(self) -> int | None:

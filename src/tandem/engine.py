@@ -27,6 +27,8 @@ from .grammar import Guide, bias_vector, constrain
 from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import make_generator, token_logprobs
+from .memory import available_memory
+from .promptcache import MIN_TOKENS, PromptCache
 from .schedule import prompt_order
 from .sequence import Request, Sequence
 from .speculative.controller import AcceptanceTracker, CostModel
@@ -64,6 +66,9 @@ class Engine:
             self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype,
                                        lazy=lazy)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
+        # what slots held before other prompts took them (--cache-ram)
+        limit = cfg.cache_ram_bytes(available_memory()[0])
+        self.prompt_cache = PromptCache(limit) if limit != 0 else None
         self._calibrated = False
         # end-of-generation ids, masked out of the target's rows when a request ignores EOS
         self._eog = sorted(i for i in self.tok.eog_ids if i < target.args.vocab_size)
@@ -156,6 +161,33 @@ class Engine:
         self._forget(slot, 0)
         return n
 
+    def _keep_in_host(self, slot: int, keep: int) -> None:
+        """Before the slot keeps only its first `keep` tokens: the host prompt cache keeps
+        what it holds, if that loses at least MIN_TOKENS (only positions that reading their
+        tokens again would give: `exact` after a context shift)."""
+        n = self.cache.length(slot)
+        if self.cache.exact[slot] is not None:
+            n = min(n, self.cache.exact[slot])
+        if n - keep >= MIN_TOKENS:
+            self.prompt_cache.save(self.cache.tokens[slot][:n], self.cache.k[:, slot, :, :n],
+                                   self.cache.v[:, slot, :, :n])
+
+    def _restore_from_host(self, slot: int, ids: list[int], keep: int) -> int:
+        """The host prompt cache's entry with the longest common prefix with ids, loaded into
+        the slot where it reuses more than the slot's own `keep` tokens; returns the tokens
+        the slot now reuses. (Its first `keep` positions are the same already: the same tokens
+        at the same positions give the same bits.)"""
+        n, e = self.prompt_cache.best(ids)
+        if e is None or n <= keep:
+            return keep
+        self.cache.k[:, slot, :, keep:n] = e.k[:, :, keep:n]
+        self.cache.v[:, slot, :, keep:n] = e.v[:, :, keep:n]
+        self.cache.tokens[slot] = list(e.tokens[:n])
+        self.cache.exact[slot] = None
+        if n == len(e.tokens):  # the slot holds all of it now; it comes back when displaced
+            self.prompt_cache.take(e)
+        return n
+
     def _forget(self, slot: int, keep: int, draft_keep: int | None = 0) -> None:
         """Keep the first `keep` tokens of the slot's cache (and `draft_keep` of the draft's;
         None: leave the draft's as it is); with --kv-unified the memory of the rest is given
@@ -225,6 +257,10 @@ class Engine:
         self.slots[slot] = seq
         try:
             keep = self.cache.common_prefix(slot, ids[:-1]) if req.cache_prompt else 0
+            if self.prompt_cache is not None:
+                self._keep_in_host(slot, keep)
+                if req.cache_prompt:
+                    keep = self._restore_from_host(slot, ids[:-1], keep)
             draft_keep = None  # the draft proposer cuts its cache to the prompt itself
             if self.cfg.pool is not None and self.draft_cache is not None:
                 draft_keep = self.draft_cache.common_prefix(slot, ids[:-1])  # (and memory)
@@ -439,6 +475,8 @@ class Engine:
             if free < len(gen) + prompt_rows + draft_room:
                 for i, s in enumerate(self.slots):
                     if s is None and self.cache.length(i):
+                        if self.prompt_cache is not None:
+                            self._keep_in_host(i, 0)
                         self._forget(i, 0)
                 free = pool - self.pool_held()
             room = free - len(gen)

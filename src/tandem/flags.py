@@ -42,12 +42,14 @@ def add_config_args(group, cls: type, prefix: str = "", skip: tuple[str, ...] = 
             kw.update(action="append", default=None)  # argparse would append to a shared default
         elif default is None:
             kw.update(default=None)
+            if meta.get("type"):
+                kw.update(type=meta["type"], metavar=meta.get("metavar") or "N")
         else:
             kw.update(type=type(default), default=default,
                       help=f"{meta['help']} (default {default})")
         if meta.get("choices"):
             kw["choices"] = meta["choices"]
-        elif "action" not in kw:
+        elif "action" not in kw and "metavar" not in kw:
             kw["metavar"] = {int: "N", float: "X"}.get(type(default), "TEXT")
         group.add_argument(*meta["flags"], **kw)
 
@@ -75,7 +77,8 @@ def add_model_args(p: argparse.ArgumentParser, *, default_model: str | None = "d
                         "(default, default-draft, smollm2-135m, gemma3-270m)")
     g.add_argument("-md", "--model-draft", default=None, help="draft model (name or path)")
     add_config_args(g, EngineConfig,
-                    skip=() if parallel else ("n_parallel", "batch_size", "kv_unified"))
+                    skip=() if parallel else ("n_parallel", "batch_size", "kv_unified",
+                                              "cache_ram"))
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

@@ -305,6 +305,10 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     settings = (f"ctx-size {ctx} shared by {slots} slot(s) (--kv-unified)" if cfg.kv_unified
                 else f"ctx-size {ctx} x {slots} slot(s)")
     settings += f", {max_k} spare positions for drafts, prefill chunk {chunk}"
+    ram = cfg.cache_ram_bytes(available)
+    settings += (", no host prompt cache" if ram == 0 else
+                 ", host prompt cache as it grows, no limit (--cache-ram -1)" if ram is None else
+                 f", host prompt cache up to {ram >> 20} MiB as it grows (--cache-ram)")
     return MemoryPlan(rows, TORCH_RUNTIME_BYTES, available, source, settings)
 
 

@@ -101,6 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling",
                    action="store_true",
                    help="accepted: Tandem samples on the CPU, where its logits are")
+    g.add_argument("--cache-idle-slots", dest="cache_idle_slots",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help="accepted: with --kv-unified an idle slot's cache moves to --cache-ram "
+                        "when the shared context needs its room, and stays in the slot until "
+                        "then")
     g.add_argument("--swa-full", action="store_true",
                    help="accepted: Tandem's cache always keeps every position of sliding-"
                         "window layers")
@@ -211,6 +216,10 @@ def _settings(a: argparse.Namespace):
                           "model with a ranking head, and Tandem serves causal language models")
     if a.backend_sampling:
         log.info("--backend-sampling: no effect; Tandem samples on the CPU")
+    if a.cache_idle_slots is not None:
+        log.info("--%scache-idle-slots: no effect; with --kv-unified an idle slot's cache "
+                 "moves to --cache-ram only when the shared context needs its room",
+                 "" if a.cache_idle_slots else "no-")
     if a.swa_full:
         log.info("--swa-full: no effect; Tandem's cache keeps every position of every layer")
     if a.slot_save_path is not None and not os.path.isdir(a.slot_save_path):

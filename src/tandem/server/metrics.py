@@ -1,7 +1,7 @@
 """GET /metrics (with --metrics, as llama-server): its Prometheus text, series for series.
 
     llamacpp:prompt_tokens_total                 prompt tokens processed (a reused prefix is not)
-    llamacpp:prompt_tokens_cached_total          prompt tokens reused from a slot's cache
+    llamacpp:prompt_tokens_cached_total          prompt tokens reused (a slot's cache, --cache-ram's)
     llamacpp:prompt_seconds_total                time spent on prompts
     llamacpp:tokens_predicted_total              tokens generated
     llamacpp:tokens_predicted_seconds_total      time spent generating
