@@ -145,7 +145,9 @@ def test_a_lazy_cache_takes_memory_as_it_is_written_and_gives_it_back(model):
     resident and leaves slot 1's alone; dropping the slot gives them back (and its positions
     read as zeros)."""
     args = model.args
-    max_len = 4096
+    # each of K and V 48 MiB: above glibc's largest mmap threshold (32 MiB), so the memory is
+    # fresh from the system, as a real model's cache is, never a reused (resident) heap chunk
+    max_len = (48 << 20) // (2 * args.n_layers * args.n_kv_heads * args.head_dim * 4)
     cache = KVCache(args, 2, max_len, torch.float32, lazy=True)
     runs = [t[layer, slot, head] for t in (cache.k, cache.v) for layer in range(args.n_layers)
             for slot in (0, 1) for head in range(args.n_kv_heads)]
