@@ -35,6 +35,8 @@ PATHS = {
     "native mixed C layers (default)": ["--weights", "native", "--activations", "mixed"],
     "native mixed C layers (row-by-row prompt kernel)": [
         "--weights", "native", "--activations", "mixed", "TANDEM_PROMPT_KERNEL=0"],
+    "native mixed C layers (AVX2 build)": ["--weights", "native", "--activations", "mixed",
+                                          "TANDEM_KERNEL_BUILD=avx2"],
     "native int16 C layers": ["--weights", "native", "--activations", "int16"],
     "native int16 C layers (row-by-row prompt kernel)": [
         "--weights", "native", "--activations", "int16", "TANDEM_PROMPT_KERNEL=0"],

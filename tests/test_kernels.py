@@ -285,3 +285,18 @@ def test_switches_are_read_from_the_environment_by_the_config_alone():
         assert out.stdout.split() == want.split(), out.stderr
     with pytest.raises(TandemError, match="switched off"):
         resolve_mode(Numerics(weights="native", kernels=False))
+
+
+def test_kernel_build_is_chosen_by_the_config():
+    """TANDEM_KERNEL_BUILD=avx2 runs the AVX2 build wherever the CPU has AVX2 (to time that path
+    on an AVX-512 machine); a name that is no build is refused with the names that are."""
+    code = ("from tandem import kernels; from tandem.config import EngineConfig;"
+            "from tandem.models.loader import resolve_mode;"
+            "print(resolve_mode(EngineConfig().numerics()), kernels.in_use())")
+    for build, want in (("avx2", "native avx2"), ("", f"native {kernels.variant()}")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "TANDEM_KERNEL_BUILD": build})
+        assert out.stdout.split() == want.split(), out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "TANDEM_KERNEL_BUILD": "avx1024"})
+    assert out.returncode != 0 and "'avx1024' (TANDEM_KERNEL_BUILD) is not one of avx2" in out.stderr

@@ -319,6 +319,7 @@ class Numerics:
     kernels: bool = True
     prompt_kernel: bool = True
     native_layers: bool = True
+    kernel_build: str = ""  # a kernels.VARIANTS name; "" = the fastest this CPU runs
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_MODES:
@@ -358,7 +359,9 @@ class EngineConfig:
     over slots, divided by flags.engine_config; with kv_unified every slot's, shared), slots,
     threads, weights,
     dtype, activation rounding, and the numeric switches (environment variables
-    TANDEM_KERNELS, TANDEM_PROMPT_KERNEL, TANDEM_NATIVE_LAYERS = 0 turn them off)."""
+    TANDEM_KERNELS, TANDEM_PROMPT_KERNEL, TANDEM_NATIVE_LAYERS = 0 turn them off;
+    TANDEM_KERNEL_BUILD=avx2 runs the AVX2 build on an AVX-512 CPU, to time or rule out a path:
+    every build gives the same bits)."""
 
     ctx_size: int = field(default=4096, metadata=flag(
         "-c", "--ctx-size",
@@ -421,6 +424,7 @@ class EngineConfig:
     kernels: bool = field(default_factory=lambda: _env_switch("TANDEM_KERNELS"))
     prompt_kernel: bool = field(default_factory=lambda: _env_switch("TANDEM_PROMPT_KERNEL"))
     native_layers: bool = field(default_factory=lambda: _env_switch("TANDEM_NATIVE_LAYERS"))
+    kernel_build: str = field(default_factory=lambda: os.environ.get("TANDEM_KERNEL_BUILD", ""))
 
     def __post_init__(self) -> None:
         if self.ctx_size < 16:
@@ -460,4 +464,4 @@ class EngineConfig:
                         activations=self.activations_draft if role == "draft" else self.activations,
                         threads=self.n_threads,
                         kernels=self.kernels, prompt_kernel=self.prompt_kernel,
-                        native_layers=self.native_layers)
+                        native_layers=self.native_layers, kernel_build=self.kernel_build)

@@ -138,8 +138,25 @@ def _layout_error(layout: dict[str, tuple[int, int]], mirrors=None) -> str | Non
     return None
 
 
+_chosen = ""  # the build chosen by choose_build ("" = variant's choice)
+
+
+def choose_build(name: str) -> None:
+    """From now on the kernels run the build `name` (a VARIANTS key; "" = this CPU's fastest),
+    e.g. avx2 on an AVX-512 CPU to time that path; the config owns the setting
+    (Numerics.kernel_build). Every build gives the same bits."""
+    global _chosen
+    if name and name not in VARIANTS:
+        raise TandemError(f"kernel build {name!r} (TANDEM_KERNEL_BUILD) is not one of "
+                          f"{', '.join(VARIANTS)}")
+    _chosen = name
+
+
 def variant() -> str:
-    """The build the kernels use on this CPU: avx512 where it has AVX512F/BW/VL and VNNI."""
+    """The build the kernels use on this CPU: avx512 where it has AVX512F/BW/VL and VNNI, unless
+    choose_build named another."""
+    if _chosen:
+        return _chosen
     cpu = _cpu_flags()
     return "avx512" if all(f in cpu for f in VARIANTS["avx512"][1]) else "avx2"
 
@@ -210,6 +227,8 @@ def _load(name: str | None = None) -> ctypes.CDLL | None:
 def in_use() -> str:
     """The variant the kernels run here: variant(), unless it fails to build, then avx2."""
     best = variant()
+    if _chosen:
+        return best  # what was asked for, or unavailable_reason says why not
     return best if _load(best) is not None else "avx2"
 
 

@@ -35,7 +35,12 @@ int tq_matmul_check(int type, int64_t K, int bits) {
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
-#define DCH_BYTES 131072 /* weight bytes per chunk of the decode products' dynamic split */
+/* weight bytes per chunk of the decode products' dynamic split: large chunks keep each thread's
+ * stream (and its prefetch, which stops at a chunk's end) running longer, but a product needs
+ * several chunks per thread so that one slowed by another process hands its share on */
+#define DCH_MAX 524288
+#define DCH_MIN 32768
+#define DCH_PER_THREAD 8
 
 /* weight rows [n0, n1) against every activation row with the row-by-row kernels. Rows of x in
  * blocks of MB (a prefill chunk has hundreds): each block's activations stay in cache while
@@ -94,7 +99,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         } else if (M <= MR) {
             /* decode and verification: chunks of about DCH_BYTES of weight rows, handed out
              * in the same way; a chunk is rows n0..n1 of the row-by-row kernel */
-            mode[j] = DECODE, size[j] = rb >= DCH_BYTES / 4 ? 4 : DCH_BYTES / rb;
+            int64_t cb = N * rb / (DCH_PER_THREAD * omp_get_num_threads());
+            cb = cb > DCH_MAX ? DCH_MAX : cb < DCH_MIN ? DCH_MIN : cb;
+            mode[j] = DECODE, size[j] = rb >= cb ? 1 : cb / rb;
         } else { /* row-by-row prompt chunks (types without the prompt kernel) */
             mode[j] = SHARE, size[j] = N;
         }

@@ -185,22 +185,36 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
             const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 #if TQ_AVX512
             /* parts 0 and 1 of q6_part side by side: vector i holds weights 32i .. 32i + 31
-             * of the half, against 32 consecutive activations */
+             * of the half, against 32 consecutive activations. The 6-bit values are put
+             * together and made signed (q - 32) as bytes, 64 per instruction, then widened;
+             * each vector's two sub-block scales come from one vpermw of all 16 */
             (void)scw;
-            const __m512i m4z = _mm512_set1_epi16(0x0F), m30z = _mm512_set1_epi16(0x30),
-                          k32 = _mm512_set1_epi16(32);
+            const __m512i m4b = _mm512_set1_epi8(0x0F), m30b = _mm512_set1_epi8(0x30),
+                          k32b = _mm512_set1_epi8(32);
+            /* per 256-bit half of a vector of qh: the shift that brings bits 2i, 2i + 1 of
+             * each byte to bits 4, 5 (left 4 | left 2; right 0 | right 2) */
+            const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+            const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+            const __m512i scz = _mm512_castsi256_si512(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
             for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
-                const __m512i A0 = widen_u8(_mm256_loadu_si256((const __m256i *)ql));
-                const __m512i B0 = widen_u8(_mm256_loadu_si256((const __m256i *)(ql + 32)));
-                const __m512i H = widen_u8(_mm256_loadu_si256((const __m256i *)qh));
+                const __m512i Q = _mm512_loadu_si512((const void *)ql); /* ql 0..31 | 32..63 */
+                const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+                /* weights 0..31 | 32..63 of the half, then 64..95 | 96..127 */
+                const __m512i lo = _mm512_sub_epi8(_mm512_or_si512(
+                    _mm512_and_si512(Q, m4b), _mm512_and_si512(_mm512_sllv_epi16(H, shl), m30b)), k32b);
+                const __m512i hi = _mm512_sub_epi8(_mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4b),
+                    _mm512_and_si512(_mm512_srlv_epi16(H, shr), m30b)), k32b);
                 __m512i v[4];
-                v[0] = _mm512_or_si512(_mm512_and_si512(A0, m4z), _mm512_and_si512(_mm512_slli_epi16(H, 4), m30z));
-                v[1] = _mm512_or_si512(_mm512_and_si512(B0, m4z), _mm512_and_si512(_mm512_slli_epi16(H, 2), m30z));
-                v[2] = _mm512_or_si512(_mm512_srli_epi16(A0, 4), _mm512_and_si512(H, m30z));
-                v[3] = _mm512_or_si512(_mm512_srli_epi16(B0, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30z));
-                for (int i = 0; i < 4; i++)
-                    v[i] = _mm512_mullo_epi16(_mm512_sub_epi16(v[i], k32), _mm512_inserti64x4(
-                        _mm512_set1_epi16(sc[8 * h + 2 * i]), _mm256_set1_epi16(sc[8 * h + 2 * i + 1]), 1));
+                v[0] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(lo));
+                v[1] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+                v[2] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(hi));
+                v[3] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+                for (int i = 0; i < 4; i++) /* words 8h + 2i (low half), 8h + 2i + 1 (high) */
+                    v[i] = _mm512_mullo_epi16(v[i], _mm512_permutexvar_epi16(_mm512_inserti64x4(
+                        _mm512_set1_epi16((short)(8 * h + 2 * i)),
+                        _mm256_set1_epi16((short)(8 * h + 2 * i + 1)), 1), scz));
                 for (int m = 0; m < mr; m++) {
                     const int16_t *xq = A->q + m * A->K + 256 * sb + 128 * h;
                     __m512i t = _mm512_setzero_si512();

@@ -134,6 +134,8 @@ def resolve_mode(numerics: Numerics) -> str:
     """The weights' form: "auto" -> "native" where the native kernels are switched on and
     build and load here, else "int4"."""
     mode = numerics.weights
+    if numerics.kernels:
+        kernels.choose_build(numerics.kernel_build)
     usable = numerics.kernels and kernels.available()
     if mode == "auto":
         return "native" if usable else "int4"
