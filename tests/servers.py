@@ -28,14 +28,14 @@ def free_port() -> int:
 class Server:
     """A `tandem serve` subprocess; stderr goes to a file (a full pipe would block it)."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [*SERVE, *args, "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.health_seen: list[tuple[int, dict]] = []
 
     def wait_ready(self, timeout: float) -> None:

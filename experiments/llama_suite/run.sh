@@ -12,11 +12,11 @@ py="${SUITE_PYTHON:-python3}"
 export TANDEM_BIN="${TANDEM_BIN:-$(command -v tandem)}"
 export LLAMA_SERVER_BIN_PATH="$here/shim.py"
 # the API files: fields, status codes, streaming, flags, slots, security, tokenize, infill,
-# speculative, context, embeddings, rerank, metrics, templates
+# speculative, context, embeddings, rerank, metrics, templates, agent tools
 files="${SUITE_FILES:-test_basic.py test_chat_completion.py test_completion.py test_ctx_shift.py
   test_ignore_eos.py test_infill.py test_security.py test_slot_save.py test_speculative.py
   test_tokenize.py test_template.py test_metrics.py test_kv_keep_only_active.py
-  test_embedding.py test_rerank.py}"
+  test_embedding.py test_rerank.py test_tools_builtin.py}"
 cd "$suite"
 mkdir -p tmp
 # test_speculative downloads its draft to ./tmp unless the file is there: the shim's target

@@ -12,9 +12,14 @@ shape. OpenAI's endpoints are in oai.py.
     GET  /metrics           Prometheus text (see metrics.py)
     GET  /                  the web page (page.py; off with --no-ui)
     GET  /openapi.json      this API described, request bodies included (openapi.py)
+    GET  /tools             the agent tools (--tools; agent_tools.py), 403 without
+    POST /tools             {"tool", "params", "stream"}: run one (SSE with "stream": true)
+    GET  /cors-proxy        ?url=URL: the request forwarded (--ui-mcp-proxy; corsproxy.py),
+    POST /cors-proxy        403 without
 
 Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint.
-Any origin may call the API (CORS, as llama-server); the API key still applies.
+Any origin may call the API (CORS, as llama-server; only localhost with --tools unless
+--cors-origins says otherwise); the API key still applies, to /tools and /cors-proxy too.
 """
 
 from __future__ import annotations
@@ -106,6 +111,8 @@ def _too_large(limit: int) -> str:
 
 
 def create_app(state: ServerState) -> FastAPI:
+    from .agent_tools import router as tools_router
+    from .corsproxy import router as proxy_router
     from .embeddings import router as embeddings_router
     from .oai import router as oai_router
 
@@ -142,6 +149,8 @@ def create_app(state: ServerState) -> FastAPI:
     _llama_routes(app, state)
     app.include_router(oai_router)
     app.include_router(embeddings_router)
+    app.include_router(tools_router)  # 403 feature_disabled unless --tools, as llama-server
+    app.include_router(proxy_router)  # 403 feature_disabled unless --ui-mcp-proxy
     if state.settings.ui:  # the page at / (page.py); --no-ui: 404 there, as llama-server
         app.include_router(page.router)
     describe(app)  # GET /openapi.json with every route's body (openapi.py)
@@ -239,6 +248,7 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
             "bos_token": _token_text(engine, engine.tok.bos_id),
             "eos_token": _token_text(engine, engine.tok.eos_id),
             "build_info": "tandem",
+            "cors_proxy_enabled": state.settings.ui_mcp_proxy,
         }
 
     @app.get("/slots")

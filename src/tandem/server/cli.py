@@ -88,10 +88,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how an embedding pools the hidden states: last (the token that has "
                         "read the whole input; the default for causal models), mean, cls (the "
                         "first token), none (one vector per token, /embedding only)")
-    g.add_argument("--cors-origins", default="*",
+    g.add_argument("--cors-origins", default=None,
                    help="origins a browser may call the API from, comma-separated; "
                         "'localhost' = any port of localhost, 127.0.0.1, [::1]; '*' = any "
-                        "(the default)")
+                        "(the default; 'localhost' with --tools)")
+    g.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy",
+                   action="store_true", default=False,
+                   help="experimental: serve GET/POST /cors-proxy?url=URL, which forwards a "
+                        "request for the web page's MCP servers - do not enable in untrusted "
+                        "environments (default: off)")
+    g.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy",
+                   action="store_false", help="turn /cors-proxy off (403; the default)")
+    g.add_argument("--tools", metavar="TOOL1,TOOL2,...", default=None,
+                   help="experimental: built-in tools for AI agents at GET/POST /tools - do "
+                        "not enable in untrusted environments (default: none); 'all' for "
+                        "every one of read_file, file_glob_search, grep_search, "
+                        "exec_shell_command, write_file, edit_file, get_info; --cors-origins "
+                        "then defaults to localhost")
+    g.add_argument("--tools-runtime", metavar="OPTION", default=None,
+                   help="experimental: where the tools run (default: this machine): "
+                        "'docker:<image>', 'podman:<image>' (a container started now, removed "
+                        "at exit), 'docker-container:<id>', 'podman-container:<id>' (a running "
+                        "one), 'ssh:<target>' (a POSIX host; key auth, trusted host key)")
+    g.add_argument("-ag", "--agent", "-no-ag", "--no-agent", action=_Agent, nargs=0,
+                   help="--tools all and --ui-mcp-proxy together (--no-agent: neither)")
     g.add_argument("--slot-save-path", default=None,
                    help="folder for slot files: POST /slots/ID?action=save|restore "
                         "{\"filename\"} writes or reads a slot's cache there (off without it)")
@@ -124,6 +144,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_config_args(g, SamplingParams)
 
 
+class _Agent(argparse.Action):
+    """llama-server's --agent: the tools and the proxy on (off with --no-agent), in the
+    command line's order with --tools and --ui-mcp-proxy."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        on = option_string in ("-ag", "--agent")
+        namespace.tools, namespace.ui_mcp_proxy = ("all" if on else None), on
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop, the error's exit code otherwise."""
     _setup_logging()
@@ -139,6 +168,16 @@ def run(args: argparse.Namespace) -> int:
     from .state import ServerState
 
     state = ServerState(settings)
+    if settings.tools:
+        from .agent_io import ToolRuntimeError
+        from .agent_tools import Toolbox
+
+        try:  # --tools-runtime docker:<image> starts its container now
+            state.tools = Toolbox(settings.tools, settings.tools_runtime)
+        except (ToolRuntimeError, ValueError) as e:
+            print(f"tandem: error: tools setup failed: {e}", file=sys.stderr)
+            return 1
+    _warn_features(settings)
     config = uvicorn.Config(create_app(state), log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=3)
     server = uvicorn.Server(config)
@@ -160,7 +199,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if state.worker is not None:
             state.worker.stop()
+        if state.tools is not None:
+            state.tools.close()  # a container --tools-runtime started is removed
     return outcome["code"]
+
+
+def _warn_features(s) -> None:
+    features = [name for name, on in (("MCP proxy (experimental)", s.ui_mcp_proxy),
+                                      ("server tools (experimental)", bool(s.tools)),
+                                      ("tools runtime (experimental)",
+                                       bool(s.tools and s.tools_runtime))) if on]
+    if features:
+        log.warning("security: %s enabled - do not expose to untrusted environments",
+                    ", ".join(features))
 
 
 def _setup_logging() -> None:
@@ -229,6 +280,22 @@ def _settings(a: argparse.Namespace):
         log.info("--n-gpu-layers %s: no effect; Tandem runs on the CPU", a.n_gpu_layers)
     if a.verbose:
         log.setLevel(logging.DEBUG)
+    tools = [t.strip() for t in (a.tools or "").split(",") if t.strip()]
+    cors = a.cors_origins
+    if cors is None:
+        cors = "localhost" if tools else "*"
+        if tools:
+            log.warning("server tools are enabled, using localhost as default CORS origin "
+                        "(change via --cors-origins)")
+    if tools:
+        from .agent_io import ToolRuntimeError, check_tools
+
+        try:
+            check_tools(tools, a.tools_runtime)
+        except (ToolRuntimeError, ValueError) as e:
+            raise TandemError(f"tools setup failed: {e}") from None
+    elif a.tools_runtime:
+        log.info("--tools-runtime %s: no effect without --tools", a.tools_runtime)
     sampling = flags.config_of(SamplingParams, a)
     return ServerSettings(model=a.model, model_draft=a.model_draft, engine=engine, spec=spec,
                           warmup=not a.no_warmup, alias=a.alias, api_key=a.api_key,
@@ -237,9 +304,11 @@ def _settings(a: argparse.Namespace):
                           tags=[t for t in (a.tags or "").split(",") if t], verbose=a.verbose,
                           metrics_endpoint=a.metrics, embeddings=a.embedding,
                           pooling=a.pooling,
-                          cors_origins=[o.strip() for o in a.cors_origins.split(",") if o.strip()],
+                          cors_origins=[o.strip() for o in cors.split(",") if o.strip()],
                           slot_save_path=a.slot_save_path, chat_template=chat_template,
-                          reasoning=a.reasoning)
+                          reasoning=a.reasoning, tools=tools,
+                          tools_runtime=a.tools_runtime if tools else None,
+                          ui_mcp_proxy=a.ui_mcp_proxy)
 
 
 def _chat_template(a: argparse.Namespace) -> str | None:

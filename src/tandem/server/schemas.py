@@ -40,6 +40,12 @@ class ApiError(Exception):
                           **self.extra}}
 
 
+def feature_disabled() -> ApiError:
+    """llama-server's 403 for a route whose feature is off (/tools without --tools,
+    /cors-proxy without --ui-mcp-proxy)."""
+    return ApiError(403, "this feature is disabled", "feature_disabled")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 

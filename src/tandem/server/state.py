@@ -40,6 +40,9 @@ class ServerSettings:
     reasoning: str = "auto"  # --reasoning: on | off | auto (the template's own default)
     verbose: bool = False  # -v: answers carry "__verbose" (the prompt and the raw result)
     ui: bool = True  # the web page at / (--no-ui turns it off, as llama-server's)
+    tools: list[str] = field(default_factory=list)  # --tools: the agent tools (agent_tools.py)
+    tools_runtime: str | None = None  # --tools-runtime: where they run (agent_io.py)
+    ui_mcp_proxy: bool = False  # --ui-mcp-proxy: GET/POST /cors-proxy (corsproxy.py)
 
 
 @dataclass(slots=True)
@@ -52,6 +55,7 @@ class ServerState:
     model_path: str = ""
     draft_path: str | None = None
     created: int = 0  # unix time the models were ready (OpenAI's "created")
+    tools: object | None = None  # agent_tools.Toolbox with --tools, else /tools answers 403
 
     @property
     def model_name(self) -> str:
