@@ -64,15 +64,13 @@ WHY = {
     "test_with_and_without_draft": "a draft model's sampled drafts are verified by rejection "
                                    "sampling (the target's distribution, not the same draws "
                                    "for a seed; n-gram and suffix drafts do give the same text)",
-    "test_cors_origins_defaults_to_localhost_with_tools_enabled": "--tools (built-in tools)",
-    "test_cors_proxy_only_forwards_explicit_proxy_headers": "--ui-mcp-proxy (MCP proxy)",
     "test_metrics_generation_rate_excludes_first_token":
         "accounting: Tandem's first token costs a pass of its own (the prompt pass leaves the "
         "last prompt token to it), so tok/s is n / time, not (n - 1) / time",
 }
 
 
-OWN = "llama.cpp's own test and tool features (--spec-synth-*, --tools, MCP proxy, debug log tags)"
+OWN = "llama.cpp's own test features (--spec-synth-*, debug log tags)"
 # how the reasons group (a reason belongs to the first kind it starts with)
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
@@ -80,7 +78,7 @@ KINDS = {
     "reranking": "reranking (needs a cross-encoder model; refused)",
     "multimodal": "multimodal input (no projector)",
     "llama.cpp's own debug log tags": OWN,
-    "--spec-synth": OWN, "--tools": OWN, "--ui-mcp-proxy": OWN,
+    "--spec-synth": OWN,
     "a draft model's sampled drafts": "a different, documented choice",
     "accounting": "a different, documented choice",
 }
