@@ -42,6 +42,17 @@ def _release_pages(addr: int, nbytes: int) -> None:
         _libc.madvise(start, end - start, _MADV_DONTNEED)
 
 
+def _fresh_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """A tensor on a private anonymous mapping of its own: the system gives its pages only
+    when they are first written (reads before that see zeros), whatever the allocator would do
+    with a block of that size (glibc serves blocks under its mmap threshold from a heap that
+    may be resident, and writes a header on the first page of the blocks it maps)."""
+    n = max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+    # torch.frombuffer holds the mapping for as long as the tensor lives
+    return torch.frombuffer(buf, dtype=dtype, count=torch.Size(shape).numel()).view(shape)
+
+
 class KVCache:
     """One preallocated tensor per K and V; rollback is setting a slot's length.
 
@@ -52,12 +63,14 @@ class KVCache:
 
     def __init__(self, args: ModelArgs, n_slots: int, max_len: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu", lazy: bool = False) -> None:
-        """lazy: leave the memory unwritten (torch.empty), so the system gives a slot's pages
-        only as its positions are written, and `drop` gives them back: a shared pool of
-        positions (--kv-unified) then holds about the memory of the tokens its slots hold, not
-        n_slots times the context. Positions are read only after they are written."""
+        """lazy: leave the memory unwritten (a mapping of its own, `_fresh_zeros`), so the
+        system gives a slot's pages only as its positions are written, and `drop` gives them
+        back: a shared pool of positions (--kv-unified) then holds about the memory of the
+        tokens its slots hold, not n_slots times the context."""
         shape = (args.n_layers, n_slots, args.n_kv_heads, max_len, args.head_dim)
-        make = torch.empty if lazy else torch.zeros
+        make = torch.zeros
+        if lazy and torch.device(device).type == "cpu":
+            make = lambda shape, dtype, device: _fresh_zeros(shape, dtype)  # noqa: E731
         self.k = make(shape, dtype=dtype, device=device)
         self.v = make(shape, dtype=dtype, device=device)
         self.max_len = max_len
