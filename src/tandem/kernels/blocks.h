@@ -102,7 +102,19 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
  * 2 threads, AVX-512 Xeon) took 62.7-67.0 ms without it and 44.8-52.8 ms with 4 KiB ahead
  * (1 KiB: 46.6-57.7, 16 KiB: 54.8-72.9), the 191 MB output projection 13.0-14.3 against
  * 8.7-10.9 ms; 5 interleaved rounds, median of 40 passes each. Numerics are untouched. */
+#ifndef PF_BYTES
 #define PF_BYTES 4096
+#endif
+/* The K-quant kernels prefetch as they go: each super-block's lines PF_BYTES ahead of it. The
+ * row loop's burst of a whole row's prefetches at the row's start (79 lines for a K = 8960 row
+ * of Q4_K) stalled on the Zen 4: 1 row x 49152 x 8960 Q4_K from memory, 2 threads, 16-17 GB/s
+ * int16 and 20-23 int8 with the burst, 21-23 and 25-30 this way; the 151936 x 1536 Q6_K
+ * output matrix 24-27 against 31-33 GB/s (experiments/kernel_bench.c). Other types' rows
+ * (one block of 32 per 18-34 bytes) keep the row loop's prefetch. */
+#define PF_BLOCK(w, bs)                                                                       \
+    for (int pf = 0; pf < (bs); pf += 64)                                                     \
+        _mm_prefetch((const char *)(w) + PF_BYTES + pf, _MM_HINT_T0)
+#define PF_IN_KERNEL(T) ((T) == T_Q4_K || (T) == T_Q5_K || (T) == T_Q6_K)
 #define MR 10 /* activation rows per pass over a weight row: k = 8 or 9 drafted tokens verify in
                    * one pass (with 8, 9 rows cost an 8-row and a 1-row pass over the weights) */
 
@@ -311,7 +323,8 @@ static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, con
 #define ROW_LOOP(fn, T, mr)                                                                   \
     for (int64_t n = n0; n < n1; n++) {                                                      \
         float out[MR];                                                                        \
-        for (int64_t o = n * rb + PF_BYTES; o < (n + 1) * rb + PF_BYTES && o < n1 * rb;      \
+        for (int64_t o = n * rb + PF_BYTES;                                                   \
+             !PF_IN_KERNEL(T) && o < (n + 1) * rb + PF_BYTES && o < n1 * rb;                  \
              o += 64) /* the bytes PF_BYTES ahead of this row */                              \
             _mm_prefetch((const char *)W + o, _MM_HINT_T0);                                   \
         fn(T, W + n * rb, A, mr, out);                                                        \

@@ -112,7 +112,7 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const int j = (int)(i / M);
         const int64_t m = i % M, K = l[j]->K, G = K / 32;
         const int type = (int)l[j]->type, qb = (int)block_weights(type);
-        if (l[j]->bits == 16) { /* split 2: the AVX-512 row-by-row kernels' chunk pairs */
+        if (l[j]->bits == 16) { /* split 2: the AVX-512 row-by-row kernel's byte planes */
             quantize_row(x + m * K, K, qb,
                          type == T_Q4_K || type == T_Q5_K ? 1 + (TQ_AVX512 && mode[j] != GEMM) : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);

@@ -97,53 +97,59 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
          * 16 madd pairs per lane stay below 2^31; one float step per 256 weights */
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
         for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
+            PF_BLOCK(w, bs);
             const float d = f16(w), dmin = f16(w + 2);
             __m256i sc16, qh;
             __m256 mnv;
             const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
 #if TQ_AVX512
-            /* chunks c and c + 1 in one vector each of v0..v3 (k4_nibbles' four), times their
-             * sub-block scales (q * sc fits int16), against the activations stored in pairs */
+            /* vpdpbusd on the activations' byte planes (quantize_row's split 2: x = 256 h + l):
+             * chunks c and c + 1 in one vector, low nibbles (sub-blocks 2c, 2c + 2) and high
+             * nibbles (2c + 1, 2c + 3), as the int8 kernel takes them. A lane sums four
+             * weights' q * l (|.| <= 4 * 31 * 128) or q * h: both fit int16, so vpdpwssd
+             * against the sub-block scale in the low word (high word 0) adds scale * sum, into
+             * the l and the h sums; l + 256 h per lane is then the integer that q * sc * x
+             * over the same four weights gives (the AVX2 kernel's lanes): the same bits */
             (void)sc16;
             uint8_t sm[16];
             k4_unpack(w + 4, sm);
-            /* the eight scales as words, for vpermw to spread */
-            const __m512i scz = _mm512_castsi128_si512(
-                _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
-            const __m512i m4z = _mm512_set1_epi16(0x000F), onez = _mm512_set1_epi16(1);
+            const __m512i scd = _mm512_castsi256_si512(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+            const __m512i m4z = _mm512_set1_epi8(0x0F), one8z = _mm512_set1_epi8(1);
             const __m512i qhz = _mm512_broadcast_i64x4(qh);
+            __m512i hsum5[MR];
+            for (int m = 0; m < mr; m++)
+                hsum5[m] = _mm512_setzero_si512();
             for (int c = 0; c < 4; c += 2) {
                 const __m512i q = _mm512_loadu_si512((const void *)(qs + 32 * c));
-                __m512i v[4];
-                v[0] = _mm512_and_si512(q, m4z);
-                v[1] = _mm512_and_si512(_mm512_srli_epi16(q, 8), m4z);
-                v[2] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z);
-                v[3] = _mm512_srli_epi16(q, 12);
-                /* v0, v1: sub-block 2c (2c + 2 in the high half); v2, v3: 2c + 1 (2c + 3) */
-                const __m512i s01 = _mm512_permutexvar_epi16(_mm512_inserti64x4(
-                    _mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 2)), 1), scz);
-                const __m512i s23 = _mm512_permutexvar_epi16(_mm512_inserti64x4(
-                    _mm512_set1_epi16((short)(2 * c + 1)), _mm256_set1_epi16((short)(2 * c + 3)), 1), scz);
-                for (int i = 0; i < 4; i++) {
-                    if (five) { /* the fifth bit: k4_nibbles' bit of qh, + 2 for chunk c + 1 */
-                        const int b = (i & 1 ? 8 : 0) + 2 * c + (i >> 1);
-                        const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)b),
-                                                              _mm256_set1_epi16((short)(b + 2)), 1);
-                        v[i] = _mm512_or_si512(v[i], _mm512_slli_epi16(_mm512_and_si512(
-                                                         _mm512_srlv_epi16(qhz, sh), onez), 4));
-                    }
-                    v[i] = _mm512_mullo_epi16(v[i], i < 2 ? s01 : s23);
+                __m512i lo = _mm512_and_si512(q, m4z);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z);
+                if (five) { /* fifth bits: bit 2c (2c + 1) of qh for chunk c, + 2 for c + 1 */
+                    const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16(2 * c),
+                                                          _mm256_set1_epi16(2 * c + 2), 1);
+                    const __m512i b = _mm512_srlv_epi16(qhz, sh);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(b, one8z), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(
+                                                 _mm512_and_si512(_mm512_srli_epi16(b, 1), one8z), 4));
                 }
+                const __m512i s0 = _mm512_permutexvar_epi32(_mm512_inserti64x4(
+                    _mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 2), 1), scd);
+                const __m512i s1 = _mm512_permutexvar_epi32(_mm512_inserti64x4(
+                    _mm512_set1_epi32(2 * c + 1), _mm256_set1_epi32(2 * c + 3), 1), scd);
                 for (int m = 0; m < mr; m++) {
-                    const int16_t *xq = A->q + m * A->K + 256 * sb + 64 * c;
-                    __m512i t = isum5[m];
-                    for (int i = 0; i < 4; i++)
-                        t = _mm512_dpwssd_epi32(t, v[i], _mm512_loadu_si512((const void *)(xq + 32 * i)));
-                    isum5[m] = t;
+                    const int8_t *xl = (const int8_t *)(A->q + m * A->K) + 256 * sb + 64 * c;
+                    const int8_t *xh = xl + A->K;
+                    const __m512i z = _mm512_setzero_si512();
+                    const __m512i l0 = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512((const void *)xl));
+                    const __m512i l1 = _mm512_dpbusd_epi32(z, hi, _mm512_loadu_si512((const void *)(xl + 64)));
+                    const __m512i h0 = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512((const void *)xh));
+                    const __m512i h1 = _mm512_dpbusd_epi32(z, hi, _mm512_loadu_si512((const void *)(xh + 64)));
+                    isum5[m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum5[m], l0, s0), l1, s1);
+                    hsum5[m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(hsum5[m], h0, s0), h1, s1);
                 }
             }
             for (int m = 0; m < mr; m++) {
-                isum[m] = fold512(isum5[m]);
+                isum[m] = fold512(_mm512_add_epi32(isum5[m], _mm512_slli_epi32(hsum5[m], 8)));
                 isum5[m] = _mm512_setzero_si512();
             }
 #else
@@ -179,6 +185,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
     case T_Q6_K: {
         /* 8 madd pairs per lane per half stay < 2^31 */
         for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
+            PF_BLOCK(w, 210);
             const uint8_t *ql = w, *qh = w + 128;
             const int8_t *sc = (const int8_t *)(w + 192);
             const float d = f16(w + 208);
