@@ -110,10 +110,15 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
  * of Q4_K) stalled on the Zen 4: 1 row x 49152 x 8960 Q4_K from memory, 2 threads, 16-17 GB/s
  * int16 and 20-23 int8 with the burst, 21-23 and 25-30 this way; the 151936 x 1536 Q6_K
  * output matrix 24-27 against 31-33 GB/s (experiments/kernel_bench.c). Other types' rows
- * (one block of 32 per 18-34 bytes) keep the row loop's prefetch. */
-#define PF_BLOCK(w, bs)                                                                       \
+ * (one block of 32 per 18-34 bytes) keep the row loop's prefetch. The int16 kernels prefetch
+ * into L2 only (hint T1): a row of their activations takes twice the L1 of an int8 one
+ * (17.5 KiB at K = 8960), and the streamed weights then no longer evict it: Q4_K and
+ * Q6_K 49152 x 8960 from memory, 5 interleaved rounds, medians 21.8 -> 26.0 and 23.8 -> 27.2
+ * GB/s; the int8 kernels' medians did not move (28.0 / 27.4 at K = 1536, 31.2 / 30.2 at
+ * K = 8960) and keep T0, which an AVX-512 Xeon's tuning above used. */
+#define PF_BLOCK(w, bs, hint)                                                                 \
     for (int pf = 0; pf < (bs); pf += 64)                                                     \
-        _mm_prefetch((const char *)(w) + PF_BYTES + pf, _MM_HINT_T0)
+        _mm_prefetch((const char *)(w) + PF_BYTES + pf, hint)
 #define PF_IN_KERNEL(T) ((T) == T_Q4_K || (T) == T_Q5_K || (T) == T_Q6_K)
 #define MR 10 /* activation rows per pass over a weight row: k = 8 or 9 drafted tokens verify in
                    * one pass (with 8, 9 rows cost an 8-row and a 1-row pass over the weights) */

@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
          * 16 madd pairs per lane stay below 2^31; one float step per 256 weights */
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
         for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
-            PF_BLOCK(w, bs);
+            PF_BLOCK(w, bs, _MM_HINT_T1);
             const float d = f16(w), dmin = f16(w + 2);
             __m256i sc16, qh;
             __m256 mnv;
@@ -185,7 +185,7 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
     case T_Q6_K: {
         /* 8 madd pairs per lane per half stay < 2^31 */
         for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
-            PF_BLOCK(w, 210);
+            PF_BLOCK(w, 210, _MM_HINT_T1);
             const uint8_t *ql = w, *qh = w + 128;
             const int8_t *sc = (const int8_t *)(w + 192);
             const float d = f16(w + 208);

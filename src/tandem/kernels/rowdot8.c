@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
         const int five = type == T_Q5_K, bs = five ? 176 : 144;
         const __m256i one8 = _mm256_set1_epi8(1);
         for (int64_t sb = 0; sb < G / 8; sb++, w += bs) {
-            PF_BLOCK(w, bs);
+            PF_BLOCK(w, bs, _MM_HINT_T0);
             const float d = f16(w), dmin = f16(w + 2);
             const uint8_t *qs = w + (five ? 48 : 16);
             __m256i sc16;
@@ -186,7 +186,7 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
         const __m256i m30 = _mm256_set1_epi8(0x30);
         (void)m30;
         for (int64_t sb = 0; sb < G / 8; sb++, w += 210) {
-            PF_BLOCK(w, 210);
+            PF_BLOCK(w, 210, _MM_HINT_T0);
             const uint8_t *ql = w, *qh = w + 128;
             const int8_t *sc = (const int8_t *)(w + 192);
             const float d = f16(w + 208);
