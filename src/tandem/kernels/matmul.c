@@ -97,8 +97,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
              * others instead of holding up the pass at the barrier */
             mode[j] = GEMM, size[j] = GCH, gemm = 1;
         } else if (M <= MR) {
-            /* decode and verification: chunks of about DCH_BYTES of weight rows, handed out
-             * in the same way; a chunk is rows n0..n1 of the row-by-row kernel */
+            /* decode and verification: chunks of N * rb / (DCH_PER_THREAD * threads) bytes
+             * of weight rows (DCH_MIN..DCH_MAX), handed out in the same way; a chunk is rows
+             * n0..n1 of the row-by-row kernel */
             int64_t cb = N * rb / (DCH_PER_THREAD * omp_get_num_threads());
             cb = cb > DCH_MAX ? DCH_MAX : cb < DCH_MIN ? DCH_MIN : cb;
             mode[j] = DECODE, size[j] = rb >= cb ? 1 : cb / rb;
@@ -112,7 +113,7 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const int j = (int)(i / M);
         const int64_t m = i % M, K = l[j]->K, G = K / 32;
         const int type = (int)l[j]->type, qb = (int)block_weights(type);
-        if (l[j]->bits == 16) { /* split 2: the AVX-512 row-by-row kernel's byte planes */
+        if (l[j]->bits == 16) { /* split 2: the AVX-512 row-by-row Q4_K/Q5_K kernel's byte planes */
             quantize_row(x + m * K, K, qb,
                          type == T_Q4_K || type == T_Q5_K ? 1 + (TQ_AVX512 && mode[j] != GEMM) : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
