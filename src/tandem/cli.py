@@ -3,6 +3,7 @@ own module, and the flags they share in flags.py."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import check, generate, registry
@@ -10,6 +11,7 @@ from .errors import TandemError
 from .flags import Parser
 from .measure import bench, compare
 from .server import cli as serve
+from .server import envargs
 
 COMMANDS = (  # name, module with add_arguments(parser) and run(args) -> exit code, help
     ("generate", generate, "generate text from a prompt"),
@@ -24,16 +26,26 @@ COMMANDS = (  # name, module with add_arguments(parser) and run(args) -> exit co
 def build_parser() -> Parser:
     p = Parser(prog="tandem", description="Speculative decoding for local LLMs.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    p.commands = {}
     for name, module, help_ in COMMANDS:
         sp = sub.add_parser(name, help=help_)
         module.add_arguments(sp)
         sp.set_defaults(func=module.run)
+        p.commands[name] = sp
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = ["tandem", *(sys.argv[1:] if argv is None else argv)]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    env_used: list[str] = []
+    if argv and argv[0] == "serve":  # llama-server's LLAMA_ARG_* variables, the command line first
+        words, env_used = envargs.env_argv(parser.commands["serve"], argv[1:], os.environ)
+        args = parser.parse_args(["serve", *words, *argv[1:]])
+    else:
+        args = parser.parse_args(argv)
+    args.argv = ["tandem", *argv]
+    args.env_used = env_used
     try:
         return int(args.func(args) or 0)
     except TandemError as e:

@@ -156,6 +156,8 @@ class _Agent(argparse.Action):
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop, the error's exit code otherwise."""
     _setup_logging()
+    for line in getattr(args, "env_used", ()):  # llama-server's variables (envargs.py)
+        log.info("environment: %s", line)
     try:
         settings = _settings(args)
         socks = [_listen(host, args.port) for host in _hosts(args.host)]
