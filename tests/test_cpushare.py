@@ -43,6 +43,26 @@ def test_a_busy_neighbour_takes_one_thread_and_gives_it_back():
     assert cs.threads() == 2
 
 
+def test_what_others_did_while_the_engine_was_idle_is_not_counted():
+    """Between requests the engine reads nothing; a first reading minutes later averages
+    whatever ran meanwhile (other servers of a benchmark) and must not take a thread away from
+    the new request: it starts a new window. Load that is still there shows in that window."""
+    m = Machine(2)
+    cs = m.share(2)
+    m.run(1.0, ours=1.9, others=0.05)
+    assert cs.threads() == 2
+    m.run(120.0, ours=0.0, others=2.0)  # idle while another process ran, now gone
+    assert cs.threads() == 2
+    m.run(WINDOW, ours=1.9, others=0.0)
+    assert cs.threads() == 2
+    m.run(120.0, ours=0.0, others=2.0)  # idle again, and this time the load stays
+    assert cs.threads() == 2
+    m.run(WINDOW, ours=1.0, others=1.0)
+    assert cs.threads() == 1 and cs.others == pytest.approx(1.0)
+    m.run(60.0, ours=0.0, others=1.0)  # idle under that load: one thread still
+    assert cs.threads() == 1
+
+
 def test_readings_wait_for_the_window_and_partial_load_keeps_threads():
     m = Machine(4)
     cs = m.share(4)

@@ -25,6 +25,12 @@ from . import kernels
 log = logging.getLogger("tandem.engine")
 
 WINDOW = 0.5  # seconds between readings
+# a reading longer than this after the last one (the engine was idle between requests) says
+# what other processes did then, not now: it starts a new window and keeps the thread count.
+# Averaged over the idle minutes in which `tandem bench` ran the other servers, it had said
+# "other processes use 1.9-2.0 of 2 CPUs" at each pass's first request, which then began
+# on one thread
+STALE = 2.0
 KEEP = 0.5    # a CPU counts as free while others use less than half of it
 
 
@@ -81,6 +87,9 @@ class CpuShare:
         if now is None:
             return self.current
         dt = now[0] - self._last[0]
+        if dt > STALE:
+            self._last = now
+            return self.current
         self.others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / dt
         self._last = now
         free = len(self.cpus) - self.others
