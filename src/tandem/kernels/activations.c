@@ -1,10 +1,40 @@
 /* Activation rows quantized per block, before the integer dot products: int16 (the default,
  * max|x| / 16383 steps) and int8 (llama.cpp's Q8_K / Q8_0 scheme, max|x| / 127). One call per
- * row, from the driver (matmul.c). */
+ * row, from the driver (matmul.c). Before them, the elementwise steps of a decoder layer that
+ * the driver runs on a row first (tq_pre): rms norm, silu, the residual addition. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "blocks.h"
+
+/* ---- the elementwise steps -------------------------------------------------------------- */
+
+void rms_norm_row(const float *x, const float *w, int64_t n, float eps, float *out) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        a = _mm256_fmadd_ps(v, v, a);
+    }
+    const __m256 r = _mm256_set1_ps(1.f / sqrtf(hsum8(a) / (float)n + eps));
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), r),
+                                                _mm256_loadu_ps(w + i)));
+}
+
+void silu_mul_row(const float *g, const float *u, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i += 8) { /* silu(g) * u = g / (1 + e^-g) * u */
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+    }
+}
+
+void add_row(const float *a, const float *b, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+}
 
 /* ---- activations: int16 per block of `qb` (32, or 256 for the K-quants) ---------------- */
 

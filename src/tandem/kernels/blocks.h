@@ -177,6 +177,31 @@ TQ_HIDDEN void quantize_row(const float *x, int64_t K, int qb, int split, int16_
                             float *sum);
 TQ_HIDDEN void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
                              int16_t *bs, int pairs);
+/* the elementwise steps of a decoder layer (n % 8 == 0): out = x / rms(x) * w; out = silu(g) *
+ * u; out = a + b (out may be x, g or a) */
+TQ_HIDDEN void rms_norm_row(const float *x, const float *w, int64_t n, float eps, float *out);
+TQ_HIDDEN void silu_mul_row(const float *g, const float *u, int64_t n, float *out);
+TQ_HIDDEN void add_row(const float *a, const float *b, int64_t n, float *out);
+
+/* e^x for 8 floats (Cephes' expf: x = n ln2 + r, degree-5 polynomial in r; relative error
+ * ~2e-7). Inputs are clamped to [-87.3, 88.3]. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                                _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
 
 /* ---- the float step after a run of integer sums (rowdot16.c, rowdot8.c) ----------------- */
 

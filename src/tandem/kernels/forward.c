@@ -5,7 +5,14 @@
  *
  * One Python call runs every layer: in Python each layer was ~60 small torch operations and
  * 7 kernel calls (~1 ms of overhead per layer on this 2-core machine); here the threads stay
- * in one team and meet at barriers.
+ * in one team and meet at barriers. A layer has nine steps, each ending at one: q/k/v's
+ * quantization (with the residual addition and the attention norm before it), their products,
+ * attention (with rope and the cache write where each row has a slot of its own), o's
+ * quantization and product, gate/up's quantization (residual addition, ffn norm) and products,
+ * down's quantization (silu) and product. The norms, additions and silu run in the products'
+ * quantization step (tq_pre), each row by whichever thread quantizes it for a product (a norm
+ * once per product of q, k, v: cheaper than a barrier at one row), so decoding waits at 9
+ * barriers a layer instead of 14 (verification rows of one slot: 10, rope a step of its own).
  *
  * Row m of x is the token at position pos[m] of cache slot slots[m]. Its keys and values are
  * written there and it attends to positions 0..pos[m] of that slot, so several rows of one slot
@@ -22,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tq.h"
+#include "blocks.h"
 
 /* the structs of tq.h as the compiler lays them out, for the ctypes mirror to check at load */
 #define STRUCT(s) {#s, 0, sizeof(s)}
@@ -41,39 +48,6 @@ static const tq_field layout[] = {
     {NULL, 0, 0}};
 
 const tq_field *tq_layout(void) { return layout; }
-
-/* e^x for 8 floats (Cephes' expf: x = n ln2 + r, degree-5 polynomial in r; relative error
- * ~2e-7). Inputs are clamped to [-87.3, 88.3]. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
-                                                _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
-                                                         _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-/* out = x / rms(x) * w over n values (n % 8 == 0) */
-static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        a = _mm256_fmadd_ps(v, v, a);
-    }
-    const __m256 r = _mm256_set1_ps(1.f / sqrtf(hsum8(a) / (float)n + eps));
-    for (int64_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), r),
-                                                _mm256_loadu_ps(w + i)));
-}
 
 /* rotate each head of x (n_heads x hd) at one position: neox rotates the two halves,
  * interleaved (GPT-J) adjacent pairs */
@@ -98,39 +72,83 @@ static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
 
 #define KEY_BLOCK 64 /* keys whose K or V rows stay in L1 while every head of the group uses them */
 
+/* The cache rows of a long context do not stay in L3 between tokens (28 layers of 2000
+ * positions: 115 MB in float32), and each block of keys is read from memory once, by the first
+ * heads' pass over it; the other heads' passes read it from L1. Left to the hardware, one
+ * thread read them at ~8 GB/s. So the next block's lines are prefetched spread over all the
+ * passes over this one, the way the weight kernels' PF_BLOCK keeps one steady stream: `lines`
+ * lines from p, in `iters` steps. */
+typedef struct {
+    const char *p;
+    int64_t lines, iters, acc;
+} spread_t;
+
+static inline spread_t spread(const float *from, int64_t rows, int64_t hd, int64_t iters) {
+    return (spread_t){(const char *)from, rows > 0 ? rows * hd * 4 / 64 : 0, iters, 0};
+}
+
+static inline void spread_step(spread_t *f) { /* lines / iters lines a step, evenly */
+    for (f->acc += f->lines; f->acc >= f->iters && f->iters > 0; f->acc -= f->iters) {
+        _mm_prefetch(f->p, _MM_HINT_T0);
+        f->p += 64;
+    }
+}
+
 /* Attention of the G query heads that share one key/value head, for one row: o + g * hd =
  * softmax(q_g . K[0..n) * scale) V[0..n) for g < G (q_g = q + g * hd). sc: G * (n + 8) floats of
  * scratch. Keys are taken in blocks of KEY_BLOCK for all heads at once, so K and V are read from
- * memory once per row instead of once per head. Each output element still sums its terms in
- * key order t = 0, 1, ..., n - 1 in one float32 accumulator, and the sequence of operations
- * depends only on n: a row gets the same bits in any batch. */
+ * memory once per row instead of once per head, and two heads at a time, so each key or value
+ * vector loaded serves two. Each score is q_g . k_t summed over 8 lanes in dimension order, the
+ * lanes added by hsum4x8; each output element sums its terms in key order t = 0, 1, ..., n - 1 in
+ * one float32 accumulator: whichever heads share a pass, the sequence of operations of every
+ * result depends only on n, and a row gets the same bits in any batch. */
 static void attend(const float *q, int64_t G, const float *K, const float *V, int64_t n,
                    int64_t hd, float scale, float *sc, float *o) {
     const int64_t ld = n + 8;
+    const __m128 vscale = _mm_set1_ps(scale);
+    const int64_t pairs = (G + 1) / 2;
     for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
         const int64_t b1 = b0 + KEY_BLOCK < n ? b0 + KEY_BLOCK : n;
-        for (int64_t g = 0; g < G; g++) {
-            const float *qg = q + g * hd;
-            float *sg = sc + g * ld;
+        /* next: the next block of keys, or after the last one the first block of values */
+        const int64_t nb = b1 + KEY_BLOCK < n ? KEY_BLOCK : n - b1;
+        spread_t f = b1 < n ? spread(K + b1 * hd, nb, hd, pairs * ((b1 - b0) / 4))
+                            : spread(V, n < KEY_BLOCK ? n : KEY_BLOCK, hd, pairs * ((b1 - b0) / 4));
+        for (int64_t g = 0; g < G; g += 2) {
+            const int two = g + 1 < G; /* heads g and g + 1, or g alone */
+            const float *qa = q + g * hd, *qb = two ? qa + hd : qa;
+            float *sa = sc + g * ld, *sb = sa + ld;
             int64_t t = b0;
             for (; t + 4 <= b1; t += 4) { /* four keys per pass over q */
                 const float *k0 = K + t * hd;
+                spread_step(&f);
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
                 for (int64_t i = 0; i < hd; i += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qg + i);
-                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
-                    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
-                    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+                    const __m256 qv = _mm256_loadu_ps(qa + i), qw = _mm256_loadu_ps(qb + i);
+                    const __m256 k0v = _mm256_loadu_ps(k0 + i), k1v = _mm256_loadu_ps(k0 + hd + i);
+                    const __m256 k2v = _mm256_loadu_ps(k0 + 2 * hd + i);
+                    const __m256 k3v = _mm256_loadu_ps(k0 + 3 * hd + i);
+                    a0 = _mm256_fmadd_ps(qv, k0v, a0);
+                    a1 = _mm256_fmadd_ps(qv, k1v, a1);
+                    a2 = _mm256_fmadd_ps(qv, k2v, a2);
+                    a3 = _mm256_fmadd_ps(qv, k3v, a3);
+                    c0 = _mm256_fmadd_ps(qw, k0v, c0);
+                    c1 = _mm256_fmadd_ps(qw, k1v, c1);
+                    c2 = _mm256_fmadd_ps(qw, k2v, c2);
+                    c3 = _mm256_fmadd_ps(qw, k3v, c3);
                 }
-                _mm_storeu_ps(sg + t, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), _mm_set1_ps(scale)));
+                _mm_storeu_ps(sa + t, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), vscale));
+                if (two)
+                    _mm_storeu_ps(sb + t, _mm_mul_ps(hsum4x8(c0, c1, c2, c3), vscale));
             }
-            for (; t < b1; t++) {
-                __m256 a0 = _mm256_setzero_ps();
-                for (int64_t i = 0; i < hd; i += 8)
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(K + t * hd + i), a0);
-                sg[t] = hsum8(a0) * scale;
-            }
+            for (; t < b1; t++)
+                for (int h = 0; h <= two; h++) {
+                    const float *qg = qa + h * hd;
+                    __m256 a0 = _mm256_setzero_ps();
+                    for (int64_t i = 0; i < hd; i += 8)
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(K + t * hd + i), a0);
+                    sa[h * ld + t] = hsum8(a0) * scale;
+                }
         }
     }
     for (int64_t g = 0; g < G; g++) { /* softmax numerators in place; 1 / sum kept at sg[n] */
@@ -155,32 +173,56 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
     }
     for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
         const int64_t b1 = b0 + KEY_BLOCK < n ? b0 + KEY_BLOCK : n;
-        for (int64_t g = 0; g < G; g++) {
-            const float *sg = sc + g * ld;
-            float *og = o + g * hd;
+        const int64_t nb = b1 + KEY_BLOCK < n ? KEY_BLOCK : n - b1;
+        spread_t f = spread(V + b1 * hd, nb, hd, pairs * (hd / 32) * (b1 - b0));
+        for (int64_t g = 0; g < G; g += 2) {
+            const int two = g + 1 < G;
+            const float *sa = sc + g * ld, *sb = two ? sa + ld : sa;
+            float *oa = o + g * hd, *ob = oa + hd;
             int64_t d = 0;
-            for (; d + 32 <= hd; d += 32) { /* 32 outputs in registers over this key block */
-                __m256 o0 = _mm256_loadu_ps(og + d), o1 = _mm256_loadu_ps(og + d + 8);
-                __m256 o2 = _mm256_loadu_ps(og + d + 16), o3 = _mm256_loadu_ps(og + d + 24);
+            for (; d + 32 <= hd; d += 32) { /* 32 outputs of each head in registers */
+                __m256 a0 = _mm256_loadu_ps(oa + d), a1 = _mm256_loadu_ps(oa + d + 8);
+                __m256 a2 = _mm256_loadu_ps(oa + d + 16), a3 = _mm256_loadu_ps(oa + d + 24);
+                __m256 c0 = a0, c1 = a1, c2 = a2, c3 = a3;
+                if (two) {
+                    c0 = _mm256_loadu_ps(ob + d), c1 = _mm256_loadu_ps(ob + d + 8);
+                    c2 = _mm256_loadu_ps(ob + d + 16), c3 = _mm256_loadu_ps(ob + d + 24);
+                }
                 const float *v = V + b0 * hd + d;
                 for (int64_t t = b0; t < b1; t++, v += hd) {
-                    const __m256 p = _mm256_broadcast_ss(sg + t);
-                    o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o0);
-                    o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o1);
-                    o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o2);
-                    o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o3);
+                    spread_step(&f);
+                    const __m256 pa = _mm256_broadcast_ss(sa + t), pb = _mm256_broadcast_ss(sb + t);
+                    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+                    const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+                    a0 = _mm256_fmadd_ps(pa, v0, a0);
+                    a1 = _mm256_fmadd_ps(pa, v1, a1);
+                    a2 = _mm256_fmadd_ps(pa, v2, a2);
+                    a3 = _mm256_fmadd_ps(pa, v3, a3);
+                    c0 = _mm256_fmadd_ps(pb, v0, c0);
+                    c1 = _mm256_fmadd_ps(pb, v1, c1);
+                    c2 = _mm256_fmadd_ps(pb, v2, c2);
+                    c3 = _mm256_fmadd_ps(pb, v3, c3);
                 }
-                _mm256_storeu_ps(og + d, o0);
-                _mm256_storeu_ps(og + d + 8, o1);
-                _mm256_storeu_ps(og + d + 16, o2);
-                _mm256_storeu_ps(og + d + 24, o3);
+                _mm256_storeu_ps(oa + d, a0);
+                _mm256_storeu_ps(oa + d + 8, a1);
+                _mm256_storeu_ps(oa + d + 16, a2);
+                _mm256_storeu_ps(oa + d + 24, a3);
+                if (two) {
+                    _mm256_storeu_ps(ob + d, c0);
+                    _mm256_storeu_ps(ob + d + 8, c1);
+                    _mm256_storeu_ps(ob + d + 16, c2);
+                    _mm256_storeu_ps(ob + d + 24, c3);
+                }
             }
-            for (; d < hd; d += 8) {
-                __m256 acc = _mm256_loadu_ps(og + d);
-                for (int64_t t = b0; t < b1; t++)
-                    acc = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + t), _mm256_loadu_ps(V + t * hd + d), acc);
-                _mm256_storeu_ps(og + d, acc);
-            }
+            for (; d < hd; d += 8)
+                for (int h = 0; h <= two; h++) {
+                    const float *sg = sa + h * ld;
+                    float *og = oa + h * hd;
+                    __m256 acc = _mm256_loadu_ps(og + d);
+                    for (int64_t t = b0; t < b1; t++)
+                        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + t), _mm256_loadu_ps(V + t * hd + d), acc);
+                    _mm256_storeu_ps(og + d, acc);
+                }
         }
     }
     for (int64_t g = 0; g < G; g++) {
@@ -194,9 +236,6 @@ static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
     return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, (int)l->bits);
 }
 
-#define MATMUL(l, in, out, rows)                                                              \
-    tq_matmul_team((int)(l).type, (l).W, (l).N, (l).K, in, rows, out, (l).bias, (int)(l).bits, \
-                   &scr[0], md->prompt_rows)
 
 /* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
  * max_len, head_dim) float32. Returns 0; -1 for a shape the model or the kernels do not take or
@@ -221,17 +260,21 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
     }
     int64_t kmax = D > QD ? D : QD;
     kmax = kmax > F ? kmax : F;
+    const int nth = nthreads < 1 ? 1 : nthreads;
     /* one scratch per product of a shared call (q, k, v: tq_matmul_team_n) */
     tq_scratch scr[3];
-    float *h = malloc(sizeof(float) * M * kmax), *q = malloc(sizeof(float) * M * QD);
+    /* xb: the residual stream's second buffer (the additions write the other one: a row's
+     * sum is stored while another thread still reads its terms); tmp: each thread's row */
+    float *xb = malloc(sizeof(float) * M * D), *q = malloc(sizeof(float) * M * QD);
     float *k = malloc(sizeof(float) * M * KD), *v = malloc(sizeof(float) * M * KD);
     float *o = malloc(sizeof(float) * M * QD), *t = malloc(sizeof(float) * M * D);
     float *g = malloc(sizeof(float) * M * F), *u = malloc(sizeof(float) * M * F);
+    float *tmp = malloc(sizeof(float) * nth * kmax);
     int rc = 0, ns = 0;
     while (ns < 3 && (rc = tq_scratch_alloc(&scr[ns], M, kmax)) == 0)
         ns++;
-    if (!h || !q || !k || !v || !o || !t || !g || !u || rc != 0) {
-        free(h); free(q); free(k); free(v); free(o); free(t); free(g); free(u);
+    if (!xb || !q || !k || !v || !o || !t || !g || !u || !tmp || rc != 0) {
+        free(xb); free(q); free(k); free(v); free(o); free(t); free(g); free(u); free(tmp);
         while (ns > 0)
             tq_scratch_free(&scr[--ns]);
         return -2;
@@ -239,30 +282,44 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
     const tq_scratch *s3[3] = {&scr[0], &scr[1], &scr[2]};
     const float scale = 1.f / sqrtf((float)hd);
     const int64_t half = hd / 2, group = H / Hkv;
-#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
+    /* every row in a slot of its own (decoding, one row per sequence): a row's rope and cache
+     * write can go with its attention, which reads no other row's keys */
+    int distinct = 1;
+    for (int64_t m = 0; m < M && distinct; m++)
+        for (int64_t m2 = m + 1; m2 < M && distinct; m2++)
+            distinct = slots[m] != slots[m2];
+#pragma omp parallel num_threads(nth)
     {
         float *sc = malloc(sizeof(float) * group * (max_len + 9)); /* attention scores */
+        float *mine = tmp + omp_get_thread_num() * kmax;
+        float *cur = x, *alt = xb; /* the residual stream, and where the next sum goes */
         for (int64_t l = 0; l < md->n_layers; l++) {
             const tq_layer *L = md->layers + l;
             float *kl = kc + l * n_slots * Hkv * max_len * hd;
             float *vl = vc + l * n_slots * Hkv * max_len * hd;
-#pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++)
-                rms_norm(x + m * D, L->attn_norm, D, md->eps, h + m * D);
-            { /* q, k and v of the same activations: one call, one pair of barriers */
+            { /* q, k and v of the same activations: one call, one pair of barriers; first
+               * the previous layer's residual addition (t: its down projection) and the norm */
                 const tq_linear *qkv[3] = {&L->wq, &L->wk, &L->wv};
                 float *const out[3] = {q, k, v};
-                tq_matmul_team_n(3, qkv, out, s3, h, M, md->prompt_rows);
+                const tq_pre pre = {TQ_PRE_NORM, l > 0 ? t : NULL, alt, L->attn_norm, md->eps,
+                                    NULL, mine};
+                tq_matmul_team_n(3, qkv, out, s3, cur, &pre, M, md->prompt_rows);
+                if (l > 0) {
+                    float *const was = cur;
+                    cur = alt, alt = was;
+                }
             }
+            if (!distinct) {
 #pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++) {
-                const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
-                rope(q + m * QD, H, hd, c, s, (int)md->rope_interleaved);
-                rope(k + m * KD, Hkv, hd, c, s, (int)md->rope_interleaved);
-                for (int64_t j = 0; j < Hkv; j++) {
-                    const int64_t at = ((slots[m] * Hkv + j) * max_len + pos[m]) * hd;
-                    memcpy(kl + at, k + m * KD + j * hd, sizeof(float) * hd);
-                    memcpy(vl + at, v + m * KD + j * hd, sizeof(float) * hd);
+                for (int64_t m = 0; m < M; m++) {
+                    const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                    rope(q + m * QD, H, hd, c, s, (int)md->rope_interleaved);
+                    rope(k + m * KD, Hkv, hd, c, s, (int)md->rope_interleaved);
+                    for (int64_t j = 0; j < Hkv; j++) {
+                        const int64_t at = ((slots[m] * Hkv + j) * max_len + pos[m]) * hd;
+                        memcpy(kl + at, k + m * KD + j * hd, sizeof(float) * hd);
+                        memcpy(vl + at, v + m * KD + j * hd, sizeof(float) * hd);
+                    }
                 }
             }
             /* one row and one key/value head per item, taken by whichever thread is free: in
@@ -273,48 +330,47 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
             for (int64_t i = 0; i < M * Hkv; i++) {
                 const int64_t m = i / Hkv, j = i % Hkv;
                 const int64_t at = (slots[m] * Hkv + j) * max_len * hd;
+                float *qj = q + m * QD + j * group * hd;
+                if (distinct) { /* this item's heads: rope, and the key and value cached */
+                    const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                    float *kj = k + m * KD + j * hd;
+                    rope(qj, group, hd, c, s, (int)md->rope_interleaved);
+                    rope(kj, 1, hd, c, s, (int)md->rope_interleaved);
+                    memcpy(kl + at + pos[m] * hd, kj, sizeof(float) * hd);
+                    memcpy(vl + at + pos[m] * hd, v + m * KD + j * hd, sizeof(float) * hd);
+                }
                 if (sc)
-                    attend(q + m * QD + j * group * hd, group, kl + at, vl + at, pos[m] + 1, hd,
-                           scale, sc, o + m * QD + j * group * hd);
+                    attend(qj, group, kl + at, vl + at, pos[m] + 1, hd, scale, sc,
+                           o + m * QD + j * group * hd);
             }
-            MATMUL(L->wo, o, t, M);
-#pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++) {
-                for (int64_t i = 0; i < D; i++)
-                    x[m * D + i] += t[m * D + i];
-                rms_norm(x + m * D, L->ffn_norm, D, md->eps, h + m * D);
-            }
-            {
+            tq_matmul_team_n(1, (const tq_linear *[]){&L->wo}, (float *const[]){t}, s3, o,
+                             NULL, M, md->prompt_rows);
+            { /* gate and up; first the residual addition of t (the attention's output
+               * projection) and the norm */
                 const tq_linear *gu[2] = {&L->gate, &L->up};
                 float *const out[2] = {g, u};
-                tq_matmul_team_n(2, gu, out, s3, h, M, md->prompt_rows);
+                const tq_pre pre = {TQ_PRE_NORM, t, alt, L->ffn_norm, md->eps, NULL, mine};
+                tq_matmul_team_n(2, gu, out, s3, cur, &pre, M, md->prompt_rows);
+                float *const was = cur;
+                cur = alt, alt = was;
             }
-#pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++) {
-                float *gm = g + m * F, *um = u + m * F;
-                int64_t i = 0;
-                for (; i + 8 <= F; i += 8) { /* silu(g) * u = g / (1 + e^-g) * u */
-                    const __m256 gv = _mm256_loadu_ps(gm + i);
-                    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-                    const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-                    _mm256_storeu_ps(gm + i, _mm256_mul_ps(sg, _mm256_loadu_ps(um + i)));
-                }
-                for (; i < F; i++)
-                    gm[i] = gm[i] / (1.f + expf(-gm[i])) * um[i];
+            { /* silu(g) * u, then the down projection */
+                const tq_pre pre = {TQ_PRE_SILU, NULL, NULL, NULL, 0.f, u, mine};
+                tq_matmul_team_n(1, (const tq_linear *[]){&L->down}, (float *const[]){t}, s3,
+                                 g, &pre, M, md->prompt_rows);
             }
-            MATMUL(L->down, g, t, M);
-#pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t i = 0; i < D; i++)
-                    x[m * D + i] += t[m * D + i];
         }
+        /* the last layer's residual addition, into x */
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M * (md->n_layers > 0); m++)
+            add_row(cur + m * D, t + m * D, D, x + m * D);
         if (!sc) {
 #pragma omp atomic write
             rc = -2;
         }
         free(sc);
     }
-    free(h); free(q); free(k); free(v); free(o); free(t); free(g); free(u);
+    free(xb); free(q); free(k); free(v); free(o); free(t); free(g); free(u); free(tmp);
     for (int i = 0; i < 3; i++)
         tq_scratch_free(&scr[i]);
     return rc;

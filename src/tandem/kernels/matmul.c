@@ -35,12 +35,18 @@ int tq_matmul_check(int type, int64_t K, int bits) {
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
-/* weight bytes per chunk of the decode products' dynamic split: large chunks keep each thread's
- * stream (and its prefetch, which stops at a chunk's end) running longer, but a product needs
- * several chunks per thread so that one slowed by another process hands its share on */
+/* The decode products' dynamic split, guided: each chunk is 1/(DCH_GUIDE * threads) of the
+ * weight bytes still left in the call (all its products together), within DCH_MIN..DCH_MAX.
+ * Large chunks first keep each thread's stream (and its prefetch, which stops at a chunk's
+ * end) running long; small ones at the end leave the threads finishing together at the
+ * barrier (with a fixed 1/8 per thread of ~0.5 MB, the thread that finished first waited half
+ * a chunk, ~10 us, on average at each of the layer's four products) and let a thread slowed
+ * by another process hand its share on. Which thread computes a row never changes its bits. */
 #define DCH_MAX 524288
 #define DCH_MIN 32768
-#define DCH_PER_THREAD 8
+#define DCH_GUIDE 4
+
+#define DCH_TABLE 1024 /* at most this many decode chunks per call (then larger ones) */
 
 /* weight rows [n0, n1) against every activation row with the row-by-row kernels. Rows of x in
  * blocks of MB (a prefill chunk has hundreds): each block's activations stay in cache while
@@ -81,49 +87,78 @@ static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
  * whichever thread is free. Each row is computed as by that product alone: same bits. The
  * caller has checked every product with tq_matmul_check. */
 void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
-                      const tq_scratch *const *s, const float *x, int64_t M,
-                      int64_t prompt_rows) {
+                      const tq_scratch *const *s, const float *x, const tq_pre *pre,
+                      int64_t M, int64_t prompt_rows) {
     enum { GEMM, DECODE, SHARE };
     int mode[TQ_MAX_PRODUCTS] = {0};
-    int64_t first[TQ_MAX_PRODUCTS + 1] = {0}, size[TQ_MAX_PRODUCTS] = {0}; /* chunks: j from first[j] */
-    first[0] = 0;
+    int64_t rbs[TQ_MAX_PRODUCTS] = {0}, left = 0; /* row bytes; decode bytes in all */
+    /* chunks: product j's are first[j]..first[j + 1] - 1; a decode chunk's first row is
+     * start[c - first[j] + dfirst[j]], its end the next one's start or N */
+    int64_t first[TQ_MAX_PRODUCTS + 1] = {0}, dfirst[TQ_MAX_PRODUCTS] = {0};
+    int64_t start[DCH_TABLE + TQ_MAX_PRODUCTS];
+    const int nt = omp_get_num_threads();
     int gemm = 0;
     for (int j = 0; j < n; j++) {
-        const int type = (int)l[j]->type, bits = (int)l[j]->bits;
-        const int64_t rb = l[j]->K / block_weights(type) * block_bytes(type), N = l[j]->N;
+        const int type = (int)l[j]->type;
+        rbs[j] = l[j]->K / block_weights(type) * block_bytes(type);
         if (M >= prompt_rows && gemm_type(type)) {
             /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
              * a thread slowed by another process (a shared machine) leaves its work to the
              * others instead of holding up the pass at the barrier */
-            mode[j] = GEMM, size[j] = GCH, gemm = 1;
-        } else if (M <= MR) {
-            /* decode and verification: chunks of N * rb / (DCH_PER_THREAD * threads) bytes
-             * of weight rows (DCH_MIN..DCH_MAX), handed out in the same way; a chunk is rows
-             * n0..n1 of the row-by-row kernel */
-            int64_t cb = N * rb / (DCH_PER_THREAD * omp_get_num_threads());
-            cb = cb > DCH_MAX ? DCH_MAX : cb < DCH_MIN ? DCH_MIN : cb;
-            mode[j] = DECODE, size[j] = rb >= cb ? 1 : cb / rb;
+            mode[j] = GEMM, gemm = 1;
+        } else if (M <= MR) { /* decode and verification: the guided split (DCH_*) */
+            mode[j] = DECODE, left += l[j]->N * rbs[j];
         } else { /* row-by-row prompt chunks (types without the prompt kernel) */
-            mode[j] = SHARE, size[j] = N;
+            mode[j] = SHARE;
         }
-        first[j + 1] = first[j] + (mode[j] == SHARE ? 0 : (N + size[j] - 1) / size[j]);
+    }
+    /* every thread computes the same split */
+    int64_t nd = 0;
+    for (int j = 0; j < n; j++) {
+        const int64_t N = l[j]->N;
+        int64_t count = mode[j] == GEMM ? (N + GCH - 1) / GCH : 0;
+        dfirst[j] = nd;
+        for (int64_t r0 = 0; mode[j] == DECODE && r0 < N; count++) {
+            int64_t cb = left / (DCH_GUIDE * nt), rows;
+            cb = cb > DCH_MAX ? DCH_MAX : cb < DCH_MIN ? DCH_MIN : cb;
+            rows = nd >= DCH_TABLE ? N - r0 : rbs[j] >= cb ? 1 : cb / rbs[j];
+            rows = rows < N - r0 ? rows : N - r0;
+            start[nd++] = r0;
+            r0 += rows;
+            left -= rows * rbs[j];
+        }
+        first[j + 1] = first[j] + count;
     }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n * M; i++) {
         const int j = (int)(i / M);
         const int64_t m = i % M, K = l[j]->K, G = K / 32;
         const int type = (int)l[j]->type, qb = (int)block_weights(type);
+        const float *in = x + m * K;
+        if (pre && pre->kind == TQ_PRE_SILU) {
+            silu_mul_row(in, pre->u + m * K, K, pre->tmp);
+            in = pre->tmp;
+        } else if (pre) { /* the norm; x + add stored by the row's first product, which all
+                           * compute the same way */
+            if (pre->add) {
+                float *sum = j == 0 ? pre->sum + m * K : pre->tmp;
+                add_row(in, pre->add + m * K, K, sum);
+                in = sum;
+            }
+            rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);
+            in = pre->tmp;
+        }
         if (l[j]->bits == 16) { /* split 2: the AVX-512 row-by-row Q4_K/Q5_K kernel's byte planes */
-            quantize_row(x + m * K, K, qb,
+            quantize_row(in, K, qb,
                          type == T_Q4_K || type == T_Q5_K ? 1 + (TQ_AVX512 && mode[j] != GEMM) : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
         } else if (mode[j] == GEMM) { /* int8 values, widened to int16 for the prompt kernel */
             int16_t *row = (int16_t *)s[j]->xq + m * K;
-            quantize_row8(x + m * K, K, qb, (int8_t *)row + K, s[j]->xs + m * G,
+            quantize_row8(in, K, qb, (int8_t *)row + K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
             gemm_widen8(row, K);
         } else {
-            quantize_row8(x + m * K, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
+            quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16),
                           TQ_AVX512 && (type == T_Q4_K || type == T_Q5_K));
         }
@@ -139,19 +174,22 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             j++;
         const tq_linear *L = l[j];
         const int type = (int)L->type, bits = (int)L->bits;
-        const int64_t K = L->K, N = L->N, rb = K / block_weights(type) * block_bytes(type);
-        const int64_t r0 = (c - first[j]) * size[j], r1 = N < r0 + size[j] ? N : r0 + size[j];
-        if (mode[j] == GEMM)
+        const int64_t K = L->K, N = L->N, rb = rbs[j], i = c - first[j];
+        if (mode[j] == GEMM) {
+            const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,
                        s[j]->xsum, bits == 8 ? s[j]->bs : NULL, M, K, y[j], N, L->bias);
-        else
+        } else {
+            const int64_t r0 = start[dfirst[j] + i];
+            const int64_t r1 = c + 1 < first[j + 1] ? start[dfirst[j] + i + 1] : N;
             row_range(type, L->W, rb, r0, r1, s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, M, K,
                       y[j], N, L->bias, bits);
+        }
     }
     free(buf);
     /* the row-by-row prompt chunks: this thread's share of the weight rows, whose tiles stay
      * in cache across the activation blocks */
-    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    const int it = omp_get_thread_num();
     for (int j = 0; j < n; j++)
         if (mode[j] == SHARE) {
             const tq_linear *L = l[j];
@@ -169,7 +207,7 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
                     int64_t prompt_rows) {
     const tq_linear L = {type, N, K, W, bias, bits};
     const tq_linear *l = &L;
-    tq_matmul_team_n(1, &l, &y, &s, x, M, prompt_rows);
+    tq_matmul_team_n(1, &l, &y, &s, x, NULL, M, prompt_rows);
 }
 
 /* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the

@@ -63,10 +63,25 @@ typedef struct {
     const tq_layer *layers;
 } tq_model;
 
-/* n <= TQ_MAX_PRODUCTS products of the same activations in one OpenMP team call (matmul.c) */
+/* What tq_matmul_team_n does to each activation row before it quantizes it: forward.c's norms,
+ * residual additions and silu, done in the products' quantization step instead of a step (and
+ * a barrier) of their own. Each thread passes its own (tmp). */
+enum { TQ_PRE_NORM = 1, TQ_PRE_SILU = 2 };
+typedef struct {
+    int kind;        /* TQ_PRE_NORM: rms_norm(x + add) * w; TQ_PRE_SILU: silu(x) * u */
+    const float *add; /* NORM: the residual branch added to x first (M rows of K), or NULL */
+    float *sum;       /* NORM with add: x + add is stored here (M rows of K) */
+    const float *w;   /* NORM: the norm's K weights */
+    float eps;
+    const float *u;   /* SILU: M rows of K */
+    float *tmp;       /* K floats of the calling thread's own */
+} tq_pre;
+
+/* n <= TQ_MAX_PRODUCTS products of the same activations in one OpenMP team call (matmul.c);
+ * pre: NULL, or what each row of x goes through first */
 #define TQ_MAX_PRODUCTS 4
 void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
-                      const tq_scratch *const *s, const float *x, int64_t M,
+                      const tq_scratch *const *s, const float *x, const tq_pre *pre, int64_t M,
                       int64_t prompt_rows);
 
 int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_t max_len,

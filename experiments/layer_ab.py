@@ -1,0 +1,121 @@
+"""Time the C decoder layers (one `tq_forward` call: every layer, no output projection) of this
+tree against those of git revision REV, in one process, call by call.
+
+Both kernel libraries are loaded side by side (REV's C files built with the same compiler flags
+as this tree's) and called in turn on the same model, cache and rows: A, B, A, B, ... So a noisy
+neighbour slows both alike, which whole-process runs (target_speed.py) cannot promise within
+a few percent. Reports per row count the median time per call of each, the range over rounds of
+round medians, and the ratio of medians per round.
+
+    python experiments/layer_ab.py --against HEAD --rows 1 9 --rounds 7 --calls 40
+
+The struct layout (tq.h) must be the same at REV (tq_layout is compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tandem import kernels  # noqa: E402
+from tandem.config import Numerics  # noqa: E402
+from tandem.models.loader import load_model  # noqa: E402
+
+
+def build_rev(rev: str, out_dir: Path) -> ctypes.CDLL:
+    """REV's kernels (its src/tandem/kernels), compiled as this tree compiles its own."""
+    archive = out_dir / "src.tar"
+    subprocess.run(["git", "archive", "-o", str(archive), rev, "src/tandem/kernels"], cwd=ROOT,
+                   check=True)
+    with tarfile.open(archive) as tf:
+        tf.extractall(out_dir, filter="data")
+    src = out_dir / "src/tandem/kernels"
+    files = [str(src / p.name) for p in kernels.SOURCES]
+    flags = [*kernels.CFLAGS, *kernels.VARIANTS[kernels.variant()][0]]
+    lib_path = out_dir / "rev.so"
+    subprocess.run(["gcc", *flags, "-o", str(lib_path), *files, "-lm"], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, c_int]
+    lib.tq_forward.restype = c_int
+    return lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--against", required=True, metavar="REV")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 9])
+    ap.add_argument("--position", type=int, default=600, help="the first row's position")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=40, help="calls per library per round")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    lm = load_model(a.model, Numerics(weights="native", activations="mixed", threads=a.threads),
+                    max_len=a.position + 64)
+    model = lm.model
+    args = model.args
+    native = kernels.NativeLayers.from_model(args, list(model.layers), model.cos, model.sin)
+    if native is None:
+        sys.exit("this model does not take the C layers")
+    here = kernels._lib_or_raise(None)
+    max_len = a.position + 64
+    shape = (args.n_layers, 1, args.n_kv_heads, max_len, args.head_dim)
+    g = torch.Generator().manual_seed(0)
+    kc = torch.randn(shape, generator=g) * 0.5
+    vc = torch.randn(shape, generator=g) * 0.5
+    with tempfile.TemporaryDirectory(prefix="layer-ab-") as tmp:
+        rev = build_rev(a.against, Path(tmp))
+        libs = {"this tree": here, f"at {a.against}": rev}
+        cpu = next((ln.split(":", 1)[1].strip() for ln in
+                    Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), platform.processor())
+        print(f"CPU: {cpu}; build {kernels.variant()}; {a.threads} threads; model {a.model}")
+        for m in a.rows:
+            x0 = torch.randn(m, args.dim, generator=g)
+            slots = (ctypes.c_int64 * m)(*([0] * m))
+            pos = (ctypes.c_int64 * m)(*range(a.position, a.position + m))
+            outs, times = {}, {k: [] for k in libs}
+            for r in range(a.rounds):
+                for name, lib in libs.items():
+                    ts = []
+                    for _ in range(a.calls):
+                        x = x0.clone()
+                        t0 = time.perf_counter()
+                        rc = lib.tq_forward(ctypes.byref(native._model), kc.data_ptr(),
+                                            vc.data_ptr(), 1, max_len, x.data_ptr(), m, slots,
+                                            pos, a.threads)
+                        ts.append(time.perf_counter() - t0)
+                        if rc != 0:
+                            sys.exit(f"{name}: tq_forward returned {rc}")
+                    outs[name] = x
+                    times[name].append(statistics.median(ts))
+            names = list(libs)
+            same = torch.equal(outs[names[0]], outs[names[1]])
+            ratios = [b / t for t, b in zip(times[names[0]], times[names[1]])]
+            print(f"\nrows {m} (positions {a.position}..{a.position + m - 1}), "
+                  f"{a.rounds} rounds x {a.calls} calls; same bits: {same}")
+            for name in names:
+                t = times[name]
+                print(f"  {name:>14}: median {statistics.median(t) * 1e3:.2f} ms "
+                      f"(round medians {min(t) * 1e3:.2f}-{max(t) * 1e3:.2f})")
+            print(f"  speed-up of this tree, per round: median {statistics.median(ratios):.3f}x "
+                  f"({min(ratios):.3f}-{max(ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()
