@@ -1,7 +1,9 @@
 """How far Tandem's activation rounding moves the target's next-token distributions, measured as
 llama.cpp's `llama-perplexity --kl-divergence` measures its own, on the same text and weights.
 
-The reference is the same GGUF weights dequantized, with float32 activations (Tandem: `--weights
+Tandem's variants: int16, int8 and mixed activations with a float32 KV cache, and mixed with
+the f16 cache (the defaults: llama-perplexity's cache is f16 too).
+The reference is the same GGUF weights dequantized, with float32 activations and cache (Tandem: `--weights
 dense --dtype float32`, PyTorch float32 GEMMs; llama.cpp: an F32 GGUF written from the same
 dequantized tensors). The text is real and written by nobody here: the head of a Python standard
 library module and of a licence text shipped with the system, joined into one file that both
@@ -37,7 +39,9 @@ import torch
 
 CODE = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
 PROSE = Path("/usr/share/common-licenses/GPL-3")
-VARIANTS = {"tandem int16": "int16", "tandem int8": "int8", "tandem mixed": "mixed"}
+# label -> (activations, KV cache type); llama-perplexity's cache is f16, its default
+VARIANTS = {"tandem int16": ("int16", "f32"), "tandem int8": ("int8", "f32"),
+            "tandem mixed": ("mixed", "f32"), "tandem mixed, f16 cache": ("mixed", "f16")}
 
 
 def build_text(chars: int) -> str:
@@ -118,10 +122,10 @@ def reference_logits(model, ids: list[int]) -> np.ndarray:
         return m.output(x)[0].float().numpy()
 
 
-def tandem_logits(model, ids: list[int]) -> np.ndarray:
+def tandem_logits(model, ids: list[int], cache_type: str) -> np.ndarray:
     from tandem.models.decoder import KVCache
 
-    cache = KVCache(model.args, 1, len(ids) + 1, torch.float32)
+    cache = KVCache.of_types(model.args, 1, len(ids) + 1, (cache_type, cache_type))
     return model.model(torch.tensor([ids]), cache, [0], [0], logits="all")[0].numpy()
 
 
@@ -212,15 +216,16 @@ def main() -> int:
     ids = ref.tokenizer.encode(text, add_special=True, parse_special=False)
     n_chunks = min(a.chunks, len(ids) // a.ctx)
     first = a.ctx // 2
-    variants = {label: load_model(a.model, Numerics(activations=act, threads=a.threads),
-                                  max_len=a.ctx + 1) for label, act in VARIANTS.items()}
+    variants = {label: (load_model(a.model, Numerics(activations=act, threads=a.threads),
+                                   max_len=a.ctx + 1), cache)
+                for label, (act, cache) in VARIANTS.items()}
     stats = {label: Stats() for label in variants}
     for c in range(n_chunks):
         chunk = ids[c * a.ctx:(c + 1) * a.ctx]
         nxt = np.array(chunk[first + 1:])
         base = quantize_base(reference_logits(ref, chunk)[first:-1])
-        for label, model in variants.items():
-            stats[label].add(tandem_logits(model, chunk)[first:-1], base, nxt)
+        for label, (model, cache) in variants.items():
+            stats[label].add(tandem_logits(model, chunk, cache)[first:-1], base, nxt)
         print(f"chunk {c + 1}/{n_chunks}: " + ", ".join(
             f"{lab} KLD {np.mean(s.kld):.6f}" for lab, s in stats.items()), flush=True)
     results = {label: s.summary() for label, s in stats.items()}

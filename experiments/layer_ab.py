@@ -8,8 +8,10 @@ a few percent. Reports per row count the median time per call of each, the range
 round medians, and the ratio of medians per round.
 
     python experiments/layer_ab.py --against HEAD --rows 1 9 --rounds 7 --calls 40
+    python experiments/layer_ab.py --against HEAD --kv f16 f32 ...  # KV cache types of each
 
-The struct layout (tq.h) must be the same at REV (tq_layout is compared).
+--kv gives the KV cache's type for this tree and for REV (f32 or f16; a revision from before
+the f16 cache takes f32 only). The struct layout (tq.h) must be the same at REV.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from tandem.config import Numerics  # noqa: E402
 from tandem.models.loader import load_model  # noqa: E402
 
 
-def build_rev(rev: str, out_dir: Path) -> ctypes.CDLL:
-    """REV's kernels (its src/tandem/kernels), compiled as this tree compiles its own."""
+def build_rev(rev: str, out_dir: Path) -> tuple[ctypes.CDLL, bool]:
+    """REV's kernels (its src/tandem/kernels), compiled as this tree compiles its own, and
+    whether its tq_forward takes the KV cache types (the f16 cache)."""
     archive = out_dir / "src.tar"
     subprocess.run(["git", "archive", "-o", str(archive), rev, "src/tandem/kernels"], cwd=ROOT,
                    check=True)
@@ -48,10 +51,12 @@ def build_rev(rev: str, out_dir: Path) -> ctypes.CDLL:
     lib_path = out_dir / "rev.so"
     subprocess.run(["gcc", *flags, "-o", str(lib_path), *files, "-lm"], check=True)
     lib = ctypes.CDLL(str(lib_path))
+    typed = "TQ_K_F16" in (src / "tq.h").read_text()
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, c_int]
+    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, c_int] + (
+        [c_int] if typed else [])
     lib.tq_forward.restype = c_int
-    return lib
+    return lib, typed
 
 
 def main() -> None:
@@ -63,24 +68,34 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=40, help="calls per library per round")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv", nargs=2, default=["f32", "f32"], choices=["f32", "f16"],
+                    metavar=("HERE", "REV"), help="KV cache type of this tree and of REV")
     a = ap.parse_args()
 
     lm = load_model(a.model, Numerics(weights="native", activations="mixed", threads=a.threads),
-                    max_len=a.position + 64)
+                    max_len=a.position + max(a.rows) + 64)
     model = lm.model
     args = model.args
     native = kernels.NativeLayers.from_model(args, list(model.layers), model.cos, model.sin)
     if native is None:
         sys.exit("this model does not take the C layers")
     here = kernels._lib_or_raise(None)
-    max_len = a.position + 64
+    max_len = a.position + max(a.rows) + 64
     shape = (args.n_layers, 1, args.n_kv_heads, max_len, args.head_dim)
     g = torch.Generator().manual_seed(0)
     kc = torch.randn(shape, generator=g) * 0.5
     vc = torch.randn(shape, generator=g) * 0.5
+    dtypes = {"f32": torch.float32, "f16": torch.float16}
     with tempfile.TemporaryDirectory(prefix="layer-ab-") as tmp:
-        rev = build_rev(a.against, Path(tmp))
-        libs = {"this tree": here, f"at {a.against}": rev}
+        rev, typed = build_rev(a.against, Path(tmp))
+        if a.kv[1] != "f32" and not typed:
+            sys.exit(f"{a.against}'s kernels take a float32 KV cache only")
+        # name -> (library, key cache, value cache, extra arguments: the cache types)
+        libs = {}
+        for name, lib, t, takes_types in ((f"this tree {a.kv[0]}", here, a.kv[0], True),
+                                          (f"at {a.against} {a.kv[1]}", rev, a.kv[1], typed)):
+            types = [3 if t == "f16" else 0] if takes_types else []
+            libs[name] = (lib, kc.to(dtypes[t]), vc.to(dtypes[t]), types)
         cpu = next((ln.split(":", 1)[1].strip() for ln in
                     Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name")), platform.processor())
@@ -91,14 +106,14 @@ def main() -> None:
             pos = (ctypes.c_int64 * m)(*range(a.position, a.position + m))
             outs, times = {}, {k: [] for k in libs}
             for r in range(a.rounds):
-                for name, lib in libs.items():
+                for name, (lib, k, v, types) in libs.items():
                     ts = []
                     for _ in range(a.calls):
                         x = x0.clone()
                         t0 = time.perf_counter()
-                        rc = lib.tq_forward(ctypes.byref(native._model), kc.data_ptr(),
-                                            vc.data_ptr(), 1, max_len, x.data_ptr(), m, slots,
-                                            pos, a.threads)
+                        rc = lib.tq_forward(ctypes.byref(native._model), k.data_ptr(),
+                                            v.data_ptr(), 1, max_len, x.data_ptr(), m, slots,
+                                            pos, a.threads, *types)
                         ts.append(time.perf_counter() - t0)
                         if rc != 0:
                             sys.exit(f"{name}: tq_forward returned {rc}")

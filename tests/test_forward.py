@@ -41,10 +41,22 @@ def _load(path, bits: str = "int16"):
     return load_model(path, Numerics(weights="native", activations=bits), max_len=128)
 
 
-def _logits(m, ids: list[int], chunk: int, native: bool, max_len: int = 128) -> torch.Tensor:
-    """Logits of every position, the prompt fed `chunk` tokens at a time."""
+KV = [torch.float32, torch.float16]  # --cache-type-k/-v f32 and f16 (the default)
+
+
+def _tolerance(kv: torch.dtype) -> float:
+    """How far the C layers' logits may be from the PyTorch layers', relative to the largest:
+    the two orders of float operations part by a few float32 ulps; in a half cache such a
+    difference can round a key or value to the neighbouring half (2^-11 relative), which
+    later layers carry on."""
+    return 2e-4 if kv == torch.float32 else 1e-3
+
+
+def _logits(m, ids: list[int], chunk: int, native: bool, max_len: int = 128,
+            kv: torch.dtype = torch.float32) -> torch.Tensor:
+    """Logits of every position, the prompt fed `chunk` tokens at a time; kv: the cache's."""
     m.model._native = False if native else None  # None: keep the PyTorch layers
-    cache = KVCache(m.args, 1, max_len, torch.float32)
+    cache = KVCache(m.args, 1, max_len, kv)
     out = []
     for s in range(0, len(ids), chunk):
         part = ids[s:s + chunk]
@@ -54,16 +66,17 @@ def _logits(m, ids: list[int], chunk: int, native: bool, max_len: int = 128) -> 
     return torch.cat(out)
 
 
+@pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("bits", ["int16", "int8", "mixed"])
-def test_c_layers_match_the_pytorch_layers(qmodel_path, bits):
+def test_c_layers_match_the_pytorch_layers(qmodel_path, bits, kv):
     m = _load(qmodel_path, bits)
-    cache = KVCache(m.args, 1, 128, torch.float32)
+    cache = KVCache(m.args, 1, 128, kv)
     assert m.model.native_layers(cache) is not None  # the C path is what decoding uses
-    want = _logits(m, PROMPT, len(PROMPT), native=False)
-    got = _logits(m, PROMPT, len(PROMPT), native=True)
+    want = _logits(m, PROMPT, len(PROMPT), native=False, kv=kv)
+    got = _logits(m, PROMPT, len(PROMPT), native=True, kv=kv)
     scale = want.abs().max().item()
     # same kernels and cache; only the float order of norms, rope, softmax and exp differs
-    assert (got - want).abs().max().item() <= 2e-4 * scale
+    assert (got - want).abs().max().item() <= _tolerance(kv) * scale
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
@@ -85,17 +98,18 @@ def test_mixed_rounds_the_down_projection_in_int16_only(qmodel_path):
     assert torch.equal(got, _logits(m8, PROMPT, len(PROMPT), native=True))
 
 
+@pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("bits", ["int16", "mixed"])
-def test_rows_do_not_depend_on_the_batch_bit_for_bit(qmodel_path, bits):
+def test_rows_do_not_depend_on_the_batch_bit_for_bit(qmodel_path, bits, kv):
     """One prompt pass, chunks of 5, and one token at a time give the same bits; so do several
     slots in one pass (verification of drafts for two sequences) against each alone."""
     m = _load(qmodel_path, bits)
-    whole = _logits(m, PROMPT, len(PROMPT), native=True)
-    assert torch.equal(_logits(m, PROMPT, 5, native=True), whole)
-    assert torch.equal(_logits(m, PROMPT, 1, native=True), whole)
+    whole = _logits(m, PROMPT, len(PROMPT), native=True, kv=kv)
+    assert torch.equal(_logits(m, PROMPT, 5, native=True, kv=kv), whole)
+    assert torch.equal(_logits(m, PROMPT, 1, native=True, kv=kv), whole)
 
     prompts = [PROMPT[:9], PROMPT[3:6], PROMPT]
-    cache = KVCache(m.args, 3, 128, torch.float32)
+    cache = KVCache(m.args, 3, 128, kv)
     for s, p in enumerate(prompts):
         m.model(torch.tensor([p[:-1]]), cache, [s], [0], logits="none")
         cache.append(s, p[:-1])
@@ -103,12 +117,41 @@ def test_rows_do_not_depend_on_the_batch_bit_for_bit(qmodel_path, bits):
     starts = [cache.length(s) for s in range(3)]
     batched = m.model(rows, cache, [0, 1, 2], starts)
     for s, p in enumerate(prompts):
-        alone = _logits(m, p + [60, 61], 1, native=True)
+        alone = _logits(m, p + [60, 61], 1, native=True, kv=kv)
         assert torch.equal(batched[s], alone[-3:]), s
 
 
+def test_a_half_cache_holds_the_keys_rounded_to_halves(qmodel_path):
+    """--cache-type-k/-v f16: what the C layers store is each float32 key and value rounded to
+    the nearest half, as PyTorch rounds (layer 0's are computed from the embeddings alone, so
+    they compare exactly); later layers read the rounded rows, so the logits move, a little."""
+    m = _load(qmodel_path)
+    caches = {kv: KVCache(m.args, 1, 128, kv) for kv in KV}
+    m.model._native = False
+    out = {kv: m.model(torch.tensor([PROMPT]), c, [0], [0])[0] for kv, c in caches.items()}
+    half, full = caches[torch.float16], caches[torch.float32]
+    assert half.k.dtype == half.v.dtype == torch.float16
+    n = len(PROMPT)
+    assert torch.equal(half.k[0, 0, :, :n], full.k[0, 0, :, :n].half())
+    assert torch.equal(half.v[0, 0, :, :n], full.v[0, 0, :, :n].half())
+    assert not torch.equal(half.k[0, 0, :, :n].float(), full.k[0, 0, :, :n])  # it did round
+    a, b = out[torch.float16], out[torch.float32]
+    assert 0 < (a - b).abs().max().item() <= 5e-3 * b.abs().max().item()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    # keys in halves and values in float32, and the other way round: each as its own path
+    mixed = KVCache(m.args, 1, 128, torch.float16, v_dtype=torch.float32)
+    got = m.model(torch.tensor([PROMPT]), mixed, [0], [0])[0]
+    m.model._native = None
+    ref = KVCache(m.args, 1, 128, torch.float16, v_dtype=torch.float32)
+    want = m.model(torch.tensor([PROMPT]), ref, [0], [0])[0]
+    m.model._native = False
+    assert (got - want).abs().max().item() <= _tolerance(torch.float16) * want.abs().max().item()
+    assert not torch.equal(got, a) and not torch.equal(got, b)
+
+
+@pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("bits", ["int16", "mixed"])
-def test_three_query_heads_per_key_head_over_several_key_blocks(tmp_path, bits):
+def test_three_query_heads_per_key_head_over_several_key_blocks(tmp_path, bits, kv):
     """Attention takes the query heads of a key/value head two at a time (here a pair and one
     alone) over blocks of 64 keys, prefetching the next block: 150 positions against the
     PyTorch layers, in any chunking bit for bit, and three slots decoding in one pass (rope and
@@ -120,23 +163,23 @@ def test_three_query_heads_per_key_head_over_several_key_blocks(tmp_path, bits):
     assert m.args.n_heads // m.args.n_kv_heads == 3 and m.args.head_dim == 32
     rng = random.Random(3)
     ids = [rng.randrange(5, 250) for _ in range(150)]
-    whole = _logits(m, ids, len(ids), native=True, max_len=256)
+    whole = _logits(m, ids, len(ids), native=True, max_len=256, kv=kv)
     if bits == "int16":  # (int8 roundings of the two paths' activations part at a few places)
-        want = _logits(m, ids, len(ids), native=False, max_len=256)
-        assert (whole - want).abs().max().item() <= 2e-4 * want.abs().max().item()
+        want = _logits(m, ids, len(ids), native=False, max_len=256, kv=kv)
+        assert (whole - want).abs().max().item() <= _tolerance(kv) * want.abs().max().item()
         assert torch.equal(whole.argmax(-1), want.argmax(-1))
-    assert torch.equal(_logits(m, ids, 7, native=True, max_len=256), whole)
-    assert torch.equal(_logits(m, ids, 1, native=True, max_len=256), whole)
+    assert torch.equal(_logits(m, ids, 7, native=True, max_len=256, kv=kv), whole)
+    assert torch.equal(_logits(m, ids, 1, native=True, max_len=256, kv=kv), whole)
 
     prompts = [ids[:100], ids[20:90], ids[:149]]
-    cache = KVCache(m.args, 3, 256, torch.float32)
+    cache = KVCache(m.args, 3, 256, kv)
     for s, p in enumerate(prompts):
         m.model(torch.tensor([p]), cache, [s], [0], logits="none")
         cache.append(s, p)
     batched = m.model(torch.tensor([[60], [61], [62]]), cache, [0, 1, 2],
                       [cache.length(s) for s in range(3)])
     for s, p in enumerate(prompts):
-        alone = _logits(m, p + [60 + s], len(p) + 1, native=True, max_len=256)
+        alone = _logits(m, p + [60 + s], len(p) + 1, native=True, max_len=256, kv=kv)
         assert torch.equal(batched[s, -1], alone[-1]), s
 
 
@@ -186,15 +229,17 @@ def test_draft_shortlist_reads_rows_of_the_blocks(qmodel_path):
 def test_every_build_runs_the_layers_to_the_same_bits(qmodel_path, kernel_build):
     """Whole decoder layers (forward.c: norms, rope, attention, SiLU and the products) give
     the AVX2 build's hidden states and cache bit for bit in the AVX-512 builds: a 17-row
-    prompt pass and a one-row decode after it, int16, int8 and mixed activations."""
-    for bits in ("int16", "int8", "mixed"):
+    prompt pass and a one-row decode after it, int16, int8 and mixed activations, with a
+    float32 and a half cache."""
+    for bits, kv in (("int16", torch.float32), ("int8", torch.float16), ("mixed", torch.float32),
+                     ("mixed", torch.float16)):
         m = _load(qmodel_path, bits)
         tm = m.model
         out = {}
         for b in ("avx2", kernel_build):
             layers = kernels.NativeLayers(m.args, list(tm.layers), tm.cos, tm.sin,
                                           kernels.PROMPT_ROWS, build=b)
-            cache = KVCache(m.args, 1, 128, torch.float32)
+            cache = KVCache(m.args, 1, 128, kv)
             x = tm.tok_embeddings[torch.tensor(PROMPT)].float()
             prompt = layers.forward(x, cache.k, cache.v, [0] * len(PROMPT),
                                     list(range(len(PROMPT))), threads=2)

@@ -26,12 +26,13 @@ from tandem.models.args import ModelArgs
 
 
 def _plan(models, ctx_size=256, n_parallel=1, max_k=0, mode="auto", dtype="auto", *,
-          prefill_chunk=512, batch_size=None, available=None):
+          prefill_chunk=512, batch_size=None, available=None, **cache_types):
     """memory.plan for the settings a command line gives (EngineConfig); the largest pass is
     max(prefill_chunk, batch_size), batch_size being the prefill chunk unless given."""
     cfg = EngineConfig(ctx_size=ctx_size, n_parallel=n_parallel, weights=mode, dtype=dtype,
                        prefill_chunk=prefill_chunk,
-                       batch_size=prefill_chunk if batch_size is None else batch_size)
+                       batch_size=prefill_chunk if batch_size is None else batch_size,
+                       **cache_types)
     return plan(models, cfg, max_k, available=available)
 
 ARGS = ModelArgs(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160,
@@ -77,7 +78,8 @@ def test_plan_rows_follow_mode_and_dtype():
     f32 = {k: ("F32", shape) for k, (_, shape) in TENSORS.items()}
     pf = _plan([ModelSpec("target", ARGS, f32)], 256, 1, 4, "int4", "auto", available=10**9)
     assert pf.rows[0].held_as == "dense float32"
-    assert pf.rows[0].kv_cache == 2 * _plan([spec], 256, 1, 4, "int4", available=10**9).rows[0].kv_cache
+    # the KV cache holds what --cache-type-k / -v say, whatever the compute dtype: f16 by default
+    assert pf.rows[0].kv_cache == p.rows[0].kv_cache == kv_cache_bytes(ARGS, 256, 1, 4, 2)
     # a Hugging Face directory is dense even in int4 mode
     hf = _plan([ModelSpec("target", ARGS, TENSORS, source="hf")], 256, available=10**9)
     assert hf.rows[0].weights == weight_bytes(TENSORS, "dense", 2)
@@ -96,7 +98,23 @@ def test_native_weights_count_their_file_bytes():
     assert weight_bytes(untied, "native", 4) == native - 100 * 64 * in_file["Q4_K"] + 100 * 64 * in_file["Q6_K"]
     p = _plan([ModelSpec("target", ARGS, TENSORS, "t.gguf")], 256, 1, 4, "native", available=10**9)
     assert p.rows[0].held_as == "GGUF blocks in place + float32"
-    assert p.rows[0].kv_cache == kv_cache_bytes(ARGS, 256, 1, 4, 4)
+    assert p.rows[0].kv_cache == kv_cache_bytes(ARGS, 256, 1, 4, 2)
+
+
+def test_cache_types_set_the_kv_bytes_of_each_model():
+    target = ModelSpec("target", ARGS, TENSORS, "t.gguf")
+    draft = ModelSpec("draft", ARGS, TENSORS, "d.gguf")
+    f16 = _plan([target, draft], 256, 1, 4, available=10**9)
+    assert [r.kv_cache for r in f16.rows] == [kv_cache_bytes(ARGS, 256, 1, 4, 2)] * 2
+    # keys f32 and values f16 for the target, the draft's both f32
+    mixed = _plan([target, draft], 256, 1, 4, available=10**9, cache_type_k="f32",
+                  cache_type_k_draft="f32", cache_type_v_draft="f32")
+    half = 256 + 4 + 1
+    per_el = ARGS.n_layers * ARGS.n_kv_heads * ARGS.head_dim
+    assert mixed.rows[0].kv_cache == half * per_el * (4 + 2)
+    assert mixed.rows[1].kv_cache == half * per_el * (4 + 4) == 2 * f16.rows[1].kv_cache
+    with pytest.raises(TandemError, match="cache-type-v 'q8_0'"):
+        EngineConfig(cache_type_v="q8_0")
 
 
 def test_kv_cache_arithmetic():

@@ -128,3 +128,28 @@ def test_kv_unified_keeps_an_idle_slots_prompt_in_host_memory(model):
     again = e.generate(Request(list(a), SamplingParams(temperature=0.0, n_predict=4),
                                id_slot=0))
     assert again.n_prompt_processed == 1 and again.output == first.output
+
+
+def test_cache_types_follow_llama_servers_flags(model):
+    p = argparse.ArgumentParser()
+    flags.add_model_args(p, parallel=True)
+    default = flags.engine_config(p.parse_args([]))
+    e = Engine(model, None, default, SpecConfig(types=SpecConfig.parse_types("none")))
+    assert (e.cache.k.dtype, e.cache.v.dtype) == (torch.float16, torch.float16)  # llama-server's
+    cfg = flags.engine_config(p.parse_args(["-ctk", "f32", "--cache-type-v", "f16",
+                                            "-ctkd", "f32"]))
+    assert cfg.cache_types("target") == ("f32", "f16")
+    assert cfg.cache_types("draft") == ("f32", "f16")
+    e32 = Engine(model, None, EngineConfig(ctx_size=256, cache_type_k="f32", cache_type_v="f32"),
+                 SpecConfig(types=SpecConfig.parse_types("none")))
+    assert (e32.cache.k.dtype, e32.cache.v.dtype) == (torch.float32, torch.float32)
+    ids = _prompt(5, 40, model.args.vocab_size)
+    out16, _ = _ask(e, ids)
+    out32, _ = _ask(e32, ids)
+    # halves hold the keys to ~3 decimal digits: the tiny model's greedy text is unchanged
+    assert out16 == out32
+    assert e.cache.nbytes * 2 == Engine(model, None, EngineConfig(
+        ctx_size=default.ctx_size, cache_type_k="f32", cache_type_v="f32"),
+        SpecConfig(types=SpecConfig.parse_types("none"))).cache.nbytes
+    with pytest.raises(SystemExit):  # not a type the kernels hold
+        p.parse_args(["-ctk", "q8_0"])

@@ -21,6 +21,10 @@ DTYPES = ("auto", "float32", "bfloat16")
 #   make half of int8's KL divergence (bench/results/kl-divergence-mixed)
 ACTIVATIONS = {"int16": (16, 16), "int8": (8, 8), "mixed": (8, 16)}
 
+# --cache-type-k / --cache-type-v (llama-server's names): how the KV cache holds a row -> bytes
+# per element. f16: IEEE halves (llama-server's default), read into float32 for attention
+CACHE_TYPES = {"f16": 2, "f32": 4}
+
 # --spec-type: proposers tried in order; auto = n-gram then the draft model, k chosen per step
 SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "auto")
 

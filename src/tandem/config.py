@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import ACTIVATIONS, DTYPES, SPEC_TYPES, WEIGHT_MODES
+from .choices import ACTIVATIONS, CACHE_TYPES, DTYPES, SPEC_TYPES, WEIGHT_MODES
 from .errors import TandemError
 
 
@@ -417,6 +417,21 @@ class EngineConfig:
              "used out first), and a later prompt that starts the same way reads only what "
              "follows. -1: no limit, 0: off. Default: llama-server's 8192, at most a quarter of "
              "the memory available at start"))
+    cache_type_k: str = field(default="f16", metadata=flag(
+        "-ctk", "--cache-type-k", choices=tuple(CACHE_TYPES),
+        help="how the KV cache holds keys, as llama-server's: f16 (default) half the memory "
+             "and half the bytes attention reads each token; f32 exactly what the layers "
+             "computed. Attention computes in float32 either way; speculation's output equals "
+             "the target's alone under either"))
+    cache_type_v: str = field(default="f16", metadata=flag(
+        "-ctv", "--cache-type-v", choices=tuple(CACHE_TYPES),
+        help="the same for values"))
+    cache_type_k_draft: str = field(default="f16", metadata=flag(
+        "--spec-draft-type-k", "-ctkd", "--cache-type-k-draft", choices=tuple(CACHE_TYPES),
+        help="the same for the draft model's keys"))
+    cache_type_v_draft: str = field(default="f16", metadata=flag(
+        "--spec-draft-type-v", "-ctvd", "--cache-type-v-draft", choices=tuple(CACHE_TYPES),
+        help="the same for the draft model's values"))
     prefill_chunk: int = 512  # prompt tokens per target pass when no slot is generating
     # a full context drops half its tokens after the request's n_keep and generation goes on
     # (llama-server's --context-shift; the server's flag sets it), instead of stopping
@@ -437,10 +452,19 @@ class EngineConfig:
         if self.cache_ram is not None and self.cache_ram < -1:
             raise TandemError(f"cache-ram must be -1 (no limit), 0 (off) or a size in MiB, "
                               f"got {self.cache_ram}")
+        for name in ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft"):
+            if getattr(self, name) not in CACHE_TYPES:
+                raise TandemError(f"{name.replace('_', '-')} {getattr(self, name)!r}: expected "
+                                  f"one of {', '.join(CACHE_TYPES)}")
         if self.prefill_chunk < 1:
             raise TandemError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         for role in ("target", "draft"):
             self.numerics(role)  # checks weights, dtype and both activations
+
+    def cache_types(self, role: str = "target") -> tuple[str, str]:
+        """The KV cache's (key, value) types (CACHE_TYPES) for the target's or the draft's."""
+        return ((self.cache_type_k_draft, self.cache_type_v_draft) if role == "draft"
+                else (self.cache_type_k, self.cache_type_v))
 
     def cache_ram_bytes(self, available: int) -> int | None:
         """The host prompt cache's limit in bytes (0: off, None: no limit), `available` the

@@ -56,15 +56,15 @@ class Engine:
         # room for the largest verification batch beyond the context: [last, *draft]
         self.max_k = spec.spare_positions
         max_len = cfg.max_len(spec)
-        kv_dtype = target.dtype
         # with --kv-unified each slot may reach the whole context but together they hold at
         # most ctx_size tokens (`_fit_pool`): the memory is given as positions are written
         lazy = cfg.pool is not None
-        self.cache = KVCache(target.args, cfg.n_parallel, max_len, kv_dtype, lazy=lazy)
+        self.cache = KVCache.of_types(target.args, cfg.n_parallel, max_len,
+                                      cfg.cache_types("target"), lazy=lazy)
         self.draft_cache = None
         if draft is not None:
-            self.draft_cache = KVCache(draft.args, cfg.n_parallel, max_len, draft.dtype,
-                                       lazy=lazy)
+            self.draft_cache = KVCache.of_types(draft.args, cfg.n_parallel, max_len,
+                                                cfg.cache_types("draft"), lazy=lazy)
         self.slots: list[Sequence | None] = [None] * cfg.n_parallel
         # what slots held before other prompts took them (--cache-ram)
         limit = cfg.cache_ram_bytes(available_memory()[0])
@@ -105,8 +105,9 @@ class Engine:
                               " (--batch-size) fit in one pass")
         scratch = getattr(self, "_embed_cache", None)
         if scratch is None:
+            k_dtype, v_dtype = self.cache.k.dtype, self.cache.v.dtype
             scratch = self._embed_cache = KVCache(self.target.args, 1, self.cfg.batch_size + 1,
-                                                  self.target.dtype)
+                                                  k_dtype, v_dtype=v_dtype)
         h = self.target.model(torch.tensor([ids]), scratch, [0], [0], logits="hidden_all")[0]
         if pooling == "none":
             return h
@@ -211,7 +212,7 @@ class Engine:
     def _identity(self) -> dict:
         a = self.target.args
         return {"arch": a.arch, "n_layers": a.n_layers, "n_kv_heads": a.n_kv_heads,
-                "head_dim": a.head_dim, "vocab": a.vocab_size, "dtype": str(self.cache.k.dtype),
+                "head_dim": a.head_dim, "vocab": a.vocab_size, "dtype": f"{self.cache.k.dtype}/{self.cache.v.dtype}",
                 "file": self.target.path.name}
 
     # -- requests -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ What is counted (the loader and the decoder hold exactly these):
   a type is read row by row (only the rows of tokens seen become resident, a few MB): counted
   only when it is also the output projection (a model without output.weight). Every other 2-D
   tensor is dense at the compute dtype, which is float32 in this mode (the kernels take float32
-  activations), as is the KV cache.
+  activations).
 - weights, mode "int4" (GGUF; "auto" where the native kernels do not build): 2-D tensors stored as Q4_K, Q4_0 or Q4_1 (with a row count that
   is a multiple of 16, as the int4 kernel needs) are repacked to int4, rows*cols/2 bytes, plus a
   bf16 scale and offset per group of 32 weights (rows*cols/32 * 4 bytes); every other 2-D
@@ -18,7 +18,8 @@ What is counted (the loader and the decoder hold exactly these):
   biases are at the compute dtype.
   Mode "dense": every 2-D tensor at the compute dtype. A float32 compute dtype implies dense.
 - KV cache: n_parallel * (ctx_size + max_k + 1) positions * 2 (K and V) * n_layers * n_kv_heads
-  * head_dim, at 2 bytes (bf16) or 4 (float32), preallocated once. With --kv-unified the
+  * head_dim, at --cache-type-k / -v's bytes per element (f16: 2, the default; f32: 4; the
+  draft's cache: -ctkd / -ctvd), preallocated once. With --kv-unified the
   slots share ctx_size positions (each with room for its own draft): (ctx_size + n_parallel *
   (max_k + 1)) positions, the memory given as they are written and given back when an idle
   slot's cache is dropped, plus a page at each end of every slot's run per layer and head.
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .choices import INT4_TYPES, KERNEL_TYPES
+from .choices import CACHE_TYPES, INT4_TYPES, KERNEL_TYPES
 from .errors import TandemError
 from .models.args import ModelArgs
 
@@ -199,11 +200,12 @@ def _packs_to_int4(name: str, type_name: str, shape: tuple[int, ...]) -> bool:
 
 
 def kv_cache_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int, el: int,
-                   unified: bool = False) -> int:
-    """K and V of every slot. With --kv-unified the slots hold ctx_size tokens together, each
+                   unified: bool = False, v_el: int | None = None) -> int:
+    """K and V of every slot, el bytes a key element and v_el (default el) a value element
+    (--cache-type-k / -v). With --kv-unified the slots hold ctx_size tokens together, each
     with room for a draft, and the memory is given as positions are written: that many
     positions, plus up to a page per layer, slot, K/V and head at each end of what a slot holds."""
-    per_position = 2 * args.n_layers * args.n_kv_heads * args.head_dim * el
+    per_position = args.n_layers * args.n_kv_heads * args.head_dim * (el + (v_el or el))
     if unified:
         slack = 2 * 2 * args.n_layers * n_parallel * args.n_kv_heads * mmap.PAGESIZE
         return (ctx_size + n_parallel * (max_k + 1)) * per_position + slack
@@ -286,13 +288,14 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     rows = []
     for spec in models:
         eff_mode, el = held_as(spec, cfg.numerics(spec.role))
+        kv_el = [CACHE_TYPES[t] for t in cfg.cache_types(spec.role)]
         rows.append(PlanRow(
             spec.role, spec.name,
             f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
             f"GGUF blocks in place + {_dtype_name(el)}" if eff_mode == "native" else
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
-            kv_cache_bytes(spec.args, ctx, slots, max_k, el, cfg.kv_unified),
+            kv_cache_bytes(spec.args, ctx, slots, max_k, kv_el[0], cfg.kv_unified, kv_el[1]),
             c_layer_bytes(spec.args, ctx, slots, max_k, chunk)
             if c_layers(spec, eff_mode) else
             working_bytes(spec.args, ctx, slots, max_k, chunk,

@@ -59,6 +59,8 @@ VARIANTS = {
 # the prompt kernel. With the weights in cache it already wins from 8 rows (bench/kernel_bench.c,
 # Q6_K 2048x1536, one thread: 16 rows 1.34 ms against 1.69 ms), so 16 is a safe margin, not a
 # measured break-even.
+# the KV cache dtypes tq_forward reads -> its flag for keys (TQ_K_F16 in tq.h; values: x 2)
+CACHE_DTYPES = {torch.float32: 0, torch.float16: 1}
 PROMPT_ROWS = 16
 ROW_BY_ROW = 1 << 62  # as prompt_rows: the row-by-row kernels for every product (comparisons)
 
@@ -196,7 +198,7 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     lib.tq_dequantize.restype = c_int
     lib.tq_block_bytes.argtypes = [c_int]
     lib.tq_block_bytes.restype = i64
-    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, c_int]
+    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int]
     lib.tq_forward.restype = c_int
     lib.tq_layout.argtypes = []
     lib.tq_layout.restype = ctypes.POINTER(_Field)
@@ -400,9 +402,10 @@ class NativeLayers:
         slot_a = (ctypes.c_int64 * m)(*slots)
         pos_a = (ctypes.c_int64 * m)(*positions)
         n_slots, max_len = k_cache.shape[1], k_cache.shape[3]
+        kv_types = CACHE_DTYPES[k_cache.dtype] | 2 * CACHE_DTYPES[v_cache.dtype]
         rc = lib.tq_forward(ctypes.byref(self._model), k_cache.data_ptr(), v_cache.data_ptr(),
                             n_slots, max_len, x.data_ptr(), m, slot_a, pos_a,
-                            _threads(threads))
+                            _threads(threads), kv_types)
         if rc != 0:
             raise TandemError(f"tq_forward failed with {rc} (rows {m}, positions "
                               f"{min(positions)}..{max(positions)}, cache length {max_len})")

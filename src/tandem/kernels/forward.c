@@ -83,8 +83,8 @@ typedef struct {
     int64_t lines, iters, acc;
 } spread_t;
 
-static inline spread_t spread(const float *from, int64_t rows, int64_t hd, int64_t iters) {
-    return (spread_t){(const char *)from, rows > 0 ? rows * hd * 4 / 64 : 0, iters, 0};
+static inline spread_t spread(const char *from, int64_t rows, int64_t row_bytes, int64_t iters) {
+    return (spread_t){from, rows > 0 ? rows * row_bytes / 64 : 0, iters, 0};
 }
 
 static inline void spread_step(spread_t *f) { /* lines / iters lines a step, evenly */
@@ -92,6 +92,26 @@ static inline void spread_step(spread_t *f) { /* lines / iters lines a step, eve
         _mm_prefetch(f->p, _MM_HINT_T0);
         f->p += 64;
     }
+}
+
+/* The cache holds each key (value) row as hd float32, or as hd IEEE halves (--cache-type-k /
+ * --cache-type-v f16, the default: half the bytes every token reads). A half is widened to
+ * float32 exactly (vcvtph2ps), so attention computes in float32 either way; what a row holds
+ * is its float32 key rounded to the nearest half (vcvtps2ph, round to nearest even, as
+ * PyTorch's .half() rounds). h: 1 for halves. */
+static inline __m256 ld8(const char *row, int64_t i, int h) {
+    return h ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)))
+             : _mm256_loadu_ps((const float *)row + i);
+}
+
+static inline void put_row(char *dst, const float *src, int64_t hd, int h) {
+    if (!h) {
+        memcpy(dst, src, sizeof(float) * hd);
+        return;
+    }
+    for (int64_t i = 0; i < hd; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + 2 * i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
 /* Attention of the G query heads that share one key/value head, for one row: o + g * hd =
@@ -102,32 +122,33 @@ static inline void spread_step(spread_t *f) { /* lines / iters lines a step, eve
  * lanes added by hsum4x8; each output element sums its terms in key order t = 0, 1, ..., n - 1 in
  * one float32 accumulator: whichever heads share a pass, the sequence of operations of every
  * result depends only on n, and a row gets the same bits in any batch. */
-static void attend(const float *q, int64_t G, const float *K, const float *V, int64_t n,
-                   int64_t hd, float scale, float *sc, float *o) {
-    const int64_t ld = n + 8;
+static inline __attribute__((always_inline)) void
+attend_t(const float *q, int64_t G, const char *K, const char *V, int64_t n, int64_t hd,
+         float scale, float *sc, float *o, const int kh, const int vh) {
+    const int64_t ld = n + 8, kb = hd * (kh ? 2 : 4), vb = hd * (vh ? 2 : 4); /* row bytes */
     const __m128 vscale = _mm_set1_ps(scale);
     const int64_t pairs = (G + 1) / 2;
     for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
         const int64_t b1 = b0 + KEY_BLOCK < n ? b0 + KEY_BLOCK : n;
         /* next: the next block of keys, or after the last one the first block of values */
         const int64_t nb = b1 + KEY_BLOCK < n ? KEY_BLOCK : n - b1;
-        spread_t f = b1 < n ? spread(K + b1 * hd, nb, hd, pairs * ((b1 - b0) / 4))
-                            : spread(V, n < KEY_BLOCK ? n : KEY_BLOCK, hd, pairs * ((b1 - b0) / 4));
+        spread_t f = b1 < n ? spread(K + b1 * kb, nb, kb, pairs * ((b1 - b0) / 4))
+                            : spread(V, n < KEY_BLOCK ? n : KEY_BLOCK, vb, pairs * ((b1 - b0) / 4));
         for (int64_t g = 0; g < G; g += 2) {
             const int two = g + 1 < G; /* heads g and g + 1, or g alone */
             const float *qa = q + g * hd, *qb = two ? qa + hd : qa;
             float *sa = sc + g * ld, *sb = sa + ld;
             int64_t t = b0;
             for (; t + 4 <= b1; t += 4) { /* four keys per pass over q */
-                const float *k0 = K + t * hd;
+                const char *k0 = K + t * kb;
                 spread_step(&f);
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
                 for (int64_t i = 0; i < hd; i += 8) {
                     const __m256 qv = _mm256_loadu_ps(qa + i), qw = _mm256_loadu_ps(qb + i);
-                    const __m256 k0v = _mm256_loadu_ps(k0 + i), k1v = _mm256_loadu_ps(k0 + hd + i);
-                    const __m256 k2v = _mm256_loadu_ps(k0 + 2 * hd + i);
-                    const __m256 k3v = _mm256_loadu_ps(k0 + 3 * hd + i);
+                    const __m256 k0v = ld8(k0, i, kh), k1v = ld8(k0 + kb, i, kh);
+                    const __m256 k2v = ld8(k0 + 2 * kb, i, kh);
+                    const __m256 k3v = ld8(k0 + 3 * kb, i, kh);
                     a0 = _mm256_fmadd_ps(qv, k0v, a0);
                     a1 = _mm256_fmadd_ps(qv, k1v, a1);
                     a2 = _mm256_fmadd_ps(qv, k2v, a2);
@@ -146,7 +167,7 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
                     const float *qg = qa + h * hd;
                     __m256 a0 = _mm256_setzero_ps();
                     for (int64_t i = 0; i < hd; i += 8)
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(K + t * hd + i), a0);
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), ld8(K + t * kb, i, kh), a0);
                     sa[h * ld + t] = hsum8(a0) * scale;
                 }
         }
@@ -174,7 +195,7 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
     for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
         const int64_t b1 = b0 + KEY_BLOCK < n ? b0 + KEY_BLOCK : n;
         const int64_t nb = b1 + KEY_BLOCK < n ? KEY_BLOCK : n - b1;
-        spread_t f = spread(V + b1 * hd, nb, hd, pairs * (hd / 32) * (b1 - b0));
+        spread_t f = spread(V + b1 * vb, nb, vb, pairs * (hd / 32) * (b1 - b0));
         for (int64_t g = 0; g < G; g += 2) {
             const int two = g + 1 < G;
             const float *sa = sc + g * ld, *sb = two ? sa + ld : sa;
@@ -188,12 +209,12 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
                     c0 = _mm256_loadu_ps(ob + d), c1 = _mm256_loadu_ps(ob + d + 8);
                     c2 = _mm256_loadu_ps(ob + d + 16), c3 = _mm256_loadu_ps(ob + d + 24);
                 }
-                const float *v = V + b0 * hd + d;
-                for (int64_t t = b0; t < b1; t++, v += hd) {
+                const char *v = V + b0 * vb;
+                for (int64_t t = b0; t < b1; t++, v += vb) {
                     spread_step(&f);
                     const __m256 pa = _mm256_broadcast_ss(sa + t), pb = _mm256_broadcast_ss(sb + t);
-                    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
-                    const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+                    const __m256 v0 = ld8(v, d, vh), v1 = ld8(v, d + 8, vh);
+                    const __m256 v2 = ld8(v, d + 16, vh), v3 = ld8(v, d + 24, vh);
                     a0 = _mm256_fmadd_ps(pa, v0, a0);
                     a1 = _mm256_fmadd_ps(pa, v1, a1);
                     a2 = _mm256_fmadd_ps(pa, v2, a2);
@@ -220,7 +241,7 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
                     float *og = oa + h * hd;
                     __m256 acc = _mm256_loadu_ps(og + d);
                     for (int64_t t = b0; t < b1; t++)
-                        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + t), _mm256_loadu_ps(V + t * hd + d), acc);
+                        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + t), ld8(V + t * vb, d, vh), acc);
                     _mm256_storeu_ps(og + d, acc);
                 }
         }
@@ -232,16 +253,29 @@ static void attend(const float *q, int64_t G, const float *K, const float *V, in
     }
 }
 
+/* attend_t for the cache's row types (kt: bit 0 keys in halves, bit 1 values) */
+static void attend(const float *q, int64_t G, const char *K, const char *V, int64_t n,
+                   int64_t hd, float scale, float *sc, float *o, int kt) {
+    switch (kt & 3) {
+    case 0: attend_t(q, G, K, V, n, hd, scale, sc, o, 0, 0); break;
+    case 1: attend_t(q, G, K, V, n, hd, scale, sc, o, 1, 0); break;
+    case 2: attend_t(q, G, K, V, n, hd, scale, sc, o, 0, 1); break;
+    default: attend_t(q, G, K, V, n, hd, scale, sc, o, 1, 1); break;
+    }
+}
+
 static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
     return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, (int)l->bits);
 }
 
 
 /* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
- * max_len, head_dim) float32. Returns 0; -1 for a shape the model or the kernels do not take or
- * a position outside the cache or the rope table; -2 when out of memory. */
-int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_t max_len,
-               float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads) {
+ * max_len, head_dim), float32 or IEEE half (kv_types: TQ_K_F16 | TQ_V_F16). Returns 0; -1 for a
+ * shape the model or the kernels do not take or a position outside the cache or the rope
+ * table; -2 when out of memory. */
+int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t max_len,
+               float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads,
+               int kv_types) {
     const int64_t D = md->dim, H = md->n_heads, Hkv = md->n_kv_heads, hd = md->head_dim;
     const int64_t F = md->ffn_dim, QD = H * hd, KD = Hkv * hd;
     if (M <= 0 || D % 32 || hd % 8 || H % Hkv)
@@ -282,6 +316,8 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
     const tq_scratch *s3[3] = {&scr[0], &scr[1], &scr[2]};
     const float scale = 1.f / sqrtf((float)hd);
     const int64_t half = hd / 2, group = H / Hkv;
+    const int kh = (kv_types & TQ_K_F16) != 0, vh = (kv_types & TQ_V_F16) != 0;
+    const int64_t kb = hd * (kh ? 2 : 4), vb = hd * (vh ? 2 : 4); /* bytes a cache row */
     /* every row in a slot of its own (decoding, one row per sequence): a row's rope and cache
      * write can go with its attention, which reads no other row's keys */
     int distinct = 1;
@@ -295,8 +331,8 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
         float *cur = x, *alt = xb; /* the residual stream, and where the next sum goes */
         for (int64_t l = 0; l < md->n_layers; l++) {
             const tq_layer *L = md->layers + l;
-            float *kl = kc + l * n_slots * Hkv * max_len * hd;
-            float *vl = vc + l * n_slots * Hkv * max_len * hd;
+            char *kl = (char *)kc + l * n_slots * Hkv * max_len * kb;
+            char *vl = (char *)vc + l * n_slots * Hkv * max_len * vb;
             { /* q, k and v of the same activations: one call, one pair of barriers; first
                * the previous layer's residual addition (t: its down projection) and the norm */
                 const tq_linear *qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -316,9 +352,9 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
                     rope(q + m * QD, H, hd, c, s, (int)md->rope_interleaved);
                     rope(k + m * KD, Hkv, hd, c, s, (int)md->rope_interleaved);
                     for (int64_t j = 0; j < Hkv; j++) {
-                        const int64_t at = ((slots[m] * Hkv + j) * max_len + pos[m]) * hd;
-                        memcpy(kl + at, k + m * KD + j * hd, sizeof(float) * hd);
-                        memcpy(vl + at, v + m * KD + j * hd, sizeof(float) * hd);
+                        const int64_t at = (slots[m] * Hkv + j) * max_len + pos[m]; /* row */
+                        put_row(kl + at * kb, k + m * KD + j * hd, hd, kh);
+                        put_row(vl + at * vb, v + m * KD + j * hd, hd, vh);
                     }
                 }
             }
@@ -329,19 +365,19 @@ int tq_forward(const tq_model *md, float *kc, float *vc, int64_t n_slots, int64_
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < M * Hkv; i++) {
                 const int64_t m = i / Hkv, j = i % Hkv;
-                const int64_t at = (slots[m] * Hkv + j) * max_len * hd;
+                const int64_t at = (slots[m] * Hkv + j) * max_len; /* the head's row 0 */
                 float *qj = q + m * QD + j * group * hd;
                 if (distinct) { /* this item's heads: rope, and the key and value cached */
                     const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
                     float *kj = k + m * KD + j * hd;
                     rope(qj, group, hd, c, s, (int)md->rope_interleaved);
                     rope(kj, 1, hd, c, s, (int)md->rope_interleaved);
-                    memcpy(kl + at + pos[m] * hd, kj, sizeof(float) * hd);
-                    memcpy(vl + at + pos[m] * hd, v + m * KD + j * hd, sizeof(float) * hd);
+                    put_row(kl + (at + pos[m]) * kb, kj, hd, kh);
+                    put_row(vl + (at + pos[m]) * vb, v + m * KD + j * hd, hd, vh);
                 }
                 if (sc)
-                    attend(qj, group, kl + at, vl + at, pos[m] + 1, hd, scale, sc,
-                           o + m * QD + j * group * hd);
+                    attend(qj, group, kl + at * kb, vl + at * vb, pos[m] + 1, hd, scale, sc,
+                           o + m * QD + j * group * hd, kv_types);
             }
             tq_matmul_team_n(1, (const tq_linear *[]){&L->wo}, (float *const[]){t}, s3, o,
                              NULL, M, md->prompt_rows);

@@ -62,23 +62,33 @@ class KVCache:
     """
 
     def __init__(self, args: ModelArgs, n_slots: int, max_len: int, dtype: torch.dtype,
-                 device: str | torch.device = "cpu", lazy: bool = False) -> None:
-        """lazy: leave the memory unwritten (a mapping of its own, `_fresh_zeros`), so the
-        system gives a slot's pages only as its positions are written, and `drop` gives them
-        back: a shared pool of positions (--kv-unified) then holds about the memory of the
-        tokens its slots hold, not n_slots times the context."""
+                 device: str | torch.device = "cpu", lazy: bool = False,
+                 v_dtype: torch.dtype | None = None) -> None:
+        """dtype: how keys are held (float16: --cache-type-k f16), v_dtype values' (default:
+        dtype); the layers compute attention in their own dtype on what is held. lazy: leave
+        the memory unwritten (a mapping of its own, `_fresh_zeros`), so the system gives a
+        slot's pages only as its positions are written, and `drop` gives them back: a shared
+        pool of positions (--kv-unified) then holds about the memory of the tokens its slots
+        hold, not n_slots times the context."""
         shape = (args.n_layers, n_slots, args.n_kv_heads, max_len, args.head_dim)
         make = torch.zeros
         if lazy and torch.device(device).type == "cpu":
             make = lambda shape, dtype, device: _fresh_zeros(shape, dtype)  # noqa: E731
         self.k = make(shape, dtype=dtype, device=device)
-        self.v = make(shape, dtype=dtype, device=device)
+        self.v = make(shape, dtype=v_dtype or dtype, device=device)
         self.max_len = max_len
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
         self.rope = (args.head_dim, args.rope_theta, args.rope_interleaved)
         # per slot after a context shift (`shift`): how many leading positions still hold what
         # reading those tokens computes; a later request reuses no more than that
         self.exact: list[int | None] = [None] * n_slots
+
+    @classmethod
+    def of_types(cls, args: ModelArgs, n_slots: int, max_len: int, types: tuple[str, str],
+                 lazy: bool = False) -> "KVCache":
+        """A cache by --cache-type-k / -v names (choices.CACHE_TYPES): f16 halves, f32 float32."""
+        k, v = (torch.float16 if t == "f16" else torch.float32 for t in types)
+        return cls(args, n_slots, max_len, k, lazy=lazy, v_dtype=v)
 
     @property
     def nbytes(self) -> int:
@@ -189,11 +199,12 @@ class Block(nn.Module):
         q = self.wq(h, **how).view(B, T, a.n_heads, a.head_dim)
         k = self.wk(h, **how).view(B, T, a.n_kv_heads, a.head_dim)
         v = self.wv(h, **how).view(B, T, a.n_kv_heads, a.head_dim)
-        q = apply_rope(q, ctx.cos, ctx.sin, a.rope_interleaved).to(cache.k.dtype)
-        k = apply_rope(k, ctx.cos, ctx.sin, a.rope_interleaved).to(cache.k.dtype)
+        q = apply_rope(q, ctx.cos, ctx.sin, a.rope_interleaved)
+        k = apply_rope(k, ctx.cos, ctx.sin, a.rope_interleaved)
         kc, vc = cache.k[layer], cache.v[layer]  # (S, Hkv, max_len, D)
-        # advanced indices (B, T) around a slice: the assigned value is (B, T, Hkv, D)
-        kc[ctx.slot_idx, :, ctx.pos] = k
+        # advanced indices (B, T) around a slice: the assigned value is (B, T, Hkv, D); the
+        # cache rounds to its own dtype, and attention reads what it holds in q's
+        kc[ctx.slot_idx, :, ctx.pos] = k.to(kc.dtype)
         vc[ctx.slot_idx, :, ctx.pos] = v.to(vc.dtype)
         qt = q.transpose(1, 2)  # (B, H, T, D)
         if ctx.rowwise:
@@ -208,7 +219,8 @@ class Block(nn.Module):
             else:
                 keys = kc[ctx.slots_t, :, : ctx.kv_len]  # (B, Hkv, L, D)
                 vals = vc[ctx.slots_t, :, : ctx.kv_len]
-            o = F.scaled_dot_product_attention(qt, keys, vals, attn_mask=ctx.mask, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qt, keys.to(qt.dtype), vals.to(qt.dtype),
+                                               attn_mask=ctx.mask, enable_gqa=True)
         o = o.transpose(1, 2).reshape(B, T, a.n_heads * a.head_dim).to(ctx.dtype)
         x = x + self.wo(o, **how).float()
         h = rms_norm(x, self.ffn_norm, a.norm_eps).to(ctx.dtype)
@@ -225,8 +237,9 @@ def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int) -> Tensor:
     """
     hkv, d = kc.shape[0], kc.shape[-1]
     qg = q.reshape(hkv, -1, d)  # (Hkv, group, D): query heads h*group .. of kv head h
-    scores = torch.matmul(qg, kc[:, :n].transpose(1, 2)) * (d ** -0.5)  # (Hkv, group, n)
-    return torch.matmul(torch.softmax(scores, dim=-1), vc[:, :n]).reshape(-1, d)  # (H, D)
+    keys, vals = kc[:, :n].to(q.dtype), vc[:, :n].to(q.dtype)  # as held, in q's dtype
+    scores = torch.matmul(qg, keys.transpose(1, 2)) * (d ** -0.5)  # (Hkv, group, n)
+    return torch.matmul(torch.softmax(scores, dim=-1), vals).reshape(-1, d)  # (H, D)
 
 
 def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext") -> Tensor:
@@ -373,7 +386,7 @@ class Transformer(nn.Module):
                 self._native = kernels.NativeLayers.from_model(
                     self.args, list(self.layers), self.cos, self.sin,
                     prompt_rows=kernels.prompt_rows(self.numerics.prompt_kernel))
-        if self._native is None or cache.k.dtype != torch.float32 or cache.v.dtype != torch.float32:
+        if self._native is None or not {cache.k.dtype, cache.v.dtype} <= kernels.CACHE_DTYPES.keys():
             return None
         if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
             return None
