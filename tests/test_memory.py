@@ -113,6 +113,9 @@ def test_cache_types_set_the_kv_bytes_of_each_model():
     per_el = ARGS.n_layers * ARGS.n_kv_heads * ARGS.head_dim
     assert mixed.rows[0].kv_cache == half * per_el * (4 + 2)
     assert mixed.rows[1].kv_cache == half * per_el * (4 + 4) == 2 * f16.rows[1].kv_cache
+    text = mixed.format()  # the plan printed before loading says which
+    assert "target weights held as GGUF blocks in place + float32; KV cache keys f32, values f16" in text
+    assert "draft weights held as GGUF blocks in place + float32; KV cache keys f32, values f32" in text
     with pytest.raises(TandemError, match="cache-type-v 'q8_0'"):
         EngineConfig(cache_type_v="q8_0")
 

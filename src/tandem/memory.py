@@ -109,6 +109,7 @@ class PlanRow:
     weights: int
     kv_cache: int
     working: int
+    kv_types: tuple[str, str] = ("f16", "f16")  # --cache-type-k / -v (the draft's: -ctkd / -ctvd)
 
     @property
     def total(self) -> int:
@@ -139,7 +140,8 @@ class MemoryPlan:
             lines.append(f"{label:<40} {fmt_bytes(r.weights):>10} {fmt_bytes(r.kv_cache):>10} "
                          f"{fmt_bytes(r.working):>10} {fmt_bytes(r.total):>10}")
         for r in self.rows:
-            lines.append(f"  {r.role} weights held as {r.held_as}")
+            lines.append(f"  {r.role} weights held as {r.held_as}; KV cache keys "
+                         f"{r.kv_types[0]}, values {r.kv_types[1]}")
         if self.runtime:
             lines.append(f"{'PyTorch runtime':<40} {'':>10} {'':>10} {'':>10} "
                          f"{fmt_bytes(self.runtime):>10}")
@@ -300,6 +302,7 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
             if c_layers(spec, eff_mode) else
             working_bytes(spec.args, ctx, slots, max_k, chunk,
                           0 if (eff_mode, el) == ("dense", 4) else largest_layer_weight(spec.tensors)),
+            cfg.cache_types(spec.role),
         ))
     if available is None:
         available, source = available_memory()
