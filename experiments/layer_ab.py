@@ -70,9 +70,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv", nargs=2, default=["f32", "f32"], choices=["f32", "f16"],
                     metavar=("HERE", "REV"), help="KV cache type of this tree and of REV")
+    ap.add_argument("--build", default="", choices=["", *kernels.VARIANTS],
+                    help="the kernel build of both sides (default: this CPU's fastest)")
     a = ap.parse_args()
+    kernels.choose_build(a.build)
 
-    lm = load_model(a.model, Numerics(weights="native", activations="mixed", threads=a.threads),
+    lm = load_model(a.model, Numerics(weights="native", activations="mixed", threads=a.threads,
+                                      kernel_build=a.build),
                     max_len=a.position + max(a.rows) + 64)
     model = lm.model
     args = model.args

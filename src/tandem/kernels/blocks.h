@@ -119,6 +119,9 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
 #define PF_BLOCK(w, bs, hint)                                                                 \
     for (int pf = 0; pf < (bs); pf += 64)                                                     \
         _mm_prefetch((const char *)(w) + PF_BYTES + pf, hint)
+/* int8 activations of a prompt chunk that the prompt kernel takes as bytes (AVX2, Q4_K / Q5_K:
+ * gemm.c's byte micro-kernel); every other int8 prompt product widens them to int16 */
+#define GEMM_BYTES(T) (!TQ_AVX512 && ((T) == T_Q4_K || (T) == T_Q5_K))
 #define PF_IN_KERNEL(T) ((T) == T_Q4_K || (T) == T_Q5_K || (T) == T_Q6_K)
 #define MR 10 /* activation rows per pass over a weight row: k = 8 or 9 drafted tokens verify in
                    * one pass (with 8, 9 rows cost an 8-row and a 1-row pass over the weights) */

@@ -189,6 +189,10 @@ static void unpack_q6k_8(const uint8_t *w, int64_t nsb, int16_t *out, float *d,
     }
 }
 
+#if !TQ_AVX512
+#include "gemm_avx2.h"
+#endif
+
 /* rowdot8's Q6_K -32 for lane j: 32 (sc[2j] bs[2j] + sc[2j+1] bs[2j+1]) */
 static inline __m256i q6_minus32(const int16_t *sc, const int16_t *bs) {
     return _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)sc),
@@ -222,51 +226,6 @@ static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
 }
 #endif
 
-#if !TQ_AVX512
-/* s[2r + i] += madd(vector j of row r, x_i[16j..]) for j < nv and the 4 rows: the inner loop in
- * assembly because gcc 12 compiles the same C into a copy of every accumulator per step and
- * runs 1.5x slower (measured). w: the buffer at the first vector; x0, x1: activation rows. */
-static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t *x1, int64_t nv,
-                             __m256i s[8]) {
-    __m256i s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5], s6 = s[6], s7 = s[7];
-    __m256i a0, a1, wv, t;
-    __asm__("1:\n\t"
-            "vmovdqu (%[x0]), %[a0]\n\t"
-            "vmovdqu (%[x1]), %[a1]\n\t"
-            "vmovdqu (%[w]), %[wv]\n\t"
-            "vpmaddwd %[wv], %[a0], %[t]\n\t"
-            "vpaddd %[t], %[s0], %[s0]\n\t"
-            "vpmaddwd %[wv], %[a1], %[t]\n\t"
-            "vpaddd %[t], %[s1], %[s1]\n\t"
-            "vmovdqu 32(%[w]), %[wv]\n\t"
-            "vpmaddwd %[wv], %[a0], %[t]\n\t"
-            "vpaddd %[t], %[s2], %[s2]\n\t"
-            "vpmaddwd %[wv], %[a1], %[t]\n\t"
-            "vpaddd %[t], %[s3], %[s3]\n\t"
-            "vmovdqu 64(%[w]), %[wv]\n\t"
-            "vpmaddwd %[wv], %[a0], %[t]\n\t"
-            "vpaddd %[t], %[s4], %[s4]\n\t"
-            "vpmaddwd %[wv], %[a1], %[t]\n\t"
-            "vpaddd %[t], %[s5], %[s5]\n\t"
-            "vmovdqu 96(%[w]), %[wv]\n\t"
-            "vpmaddwd %[wv], %[a0], %[t]\n\t"
-            "vpaddd %[t], %[s6], %[s6]\n\t"
-            "vpmaddwd %[wv], %[a1], %[t]\n\t"
-            "vpaddd %[t], %[s7], %[s7]\n\t"
-            "add $32, %[x0]\n\t"
-            "add $32, %[x1]\n\t"
-            "add $128, %[w]\n\t"
-            "dec %[n]\n\t"
-            "jnz 1b\n\t"
-            : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4),
-              [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [a0] "=&x"(a0), [a1] "=&x"(a1),
-              [wv] "=&x"(wv), [t] "=&x"(t), [x0] "+r"(x0), [x1] "+r"(x1), [w] "+r"(w),
-              [n] "+r"(nv)
-            :
-            : "memory", "cc");
-    s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3; s[4] = s4; s[5] = s5; s[6] = s6; s[7] = s7;
-}
-#endif
 
 /* nr unpacked rows (chunk of kc weights from k0) against activation rows m and m + 1 (ma of
  * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale).
@@ -277,7 +236,7 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                                                              const int16_t *xq, const float *xs,
                                                              int64_t K, int64_t G, int64_t k0,
                                                              int64_t kc, int64_t m, int64_t mi,
-                                                             const int16_t *bs) {
+                                                             const int16_t *bs, int bytes) {
     /* bs: int8 Q6_K's per-16 sums of the activations (the -32), else NULL */
     const int nv = fw / 16;
 #if TQ_AVX512
@@ -347,7 +306,27 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
         for (int i = 0; i < MA; i++)
             x[i] = xq + (m + (i < ma ? i : 0)) * K + k0 + f * fw;
         const int16_t *w = b->w + (int64_t)f * nv * NR * 16;
-        if (nr == NR) {
+        if (bytes) { /* unpack_k4_u8's groups against the rows' int8 values (byte K on) */
+            const int8_t *x8[MA];
+            for (int i = 0; i < MA; i++)
+                x8[i] = (const int8_t *)(x[i] - k0 - f * fw) + K + k0 + f * fw;
+            if (nr == NR) {
+                micro8_4x2(w, x8[0], x8[1], fw / 32, s);
+            } else {
+                for (int64_t j = 0; j < fw / 32; j++) {
+                    const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x8[0] + 32 * j));
+                    const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x8[1] + 32 * j));
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i q = _mm256_loadu_si256(VEC(w + ROWW * r, 2 * j));
+                        const __m256i sc = _mm256_loadu_si256(VEC(w + ROWW * r, 2 * j + 1));
+                        s[2 * r] = _mm256_add_epi32(s[2 * r], _mm256_madd_epi16(
+                                                                  _mm256_maddubs_epi16(q, a0), sc));
+                        s[2 * r + 1] = _mm256_add_epi32(s[2 * r + 1], _mm256_madd_epi16(
+                                                                          _mm256_maddubs_epi16(q, a1), sc));
+                    }
+                }
+            }
+        } else if (nr == NR) {
             micro_4x2(w, x[0], x[1], nv, s);
         } else { /* the last rows of a thread's share */
             for (int j = 0; j < nv; j++) {
@@ -473,6 +452,11 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                         unpack_q6k_8(w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->sc6[0][r]);
                     else if (q6)
                         unpack_q6k(w, kc / 256, b->w + ROWW * r, &b->d[0][r]);
+#if !TQ_AVX512
+                    else if (GEMM_BYTES(type) && bs)
+                        unpack_k4_u8(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
+                                     &b->mn[0][r]);
+#endif
                     else if (bs)
                         unpack_k4_8(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
                                     &b->mn[0][r]);
@@ -482,7 +466,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                 }
                 for (int64_t m = mb; m < me; m += MA)
                     gemm_micro(b, nr, me - m < MA ? (int)(me - m) : MA, fw, xq, xs, K, G, k0, kc,
-                               m, m - mb, q6 ? bs : NULL);
+                               m, m - mb, q6 ? bs : NULL, GEMM_BYTES(type) && bs);
                 if (!q6)
                     gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
             }

@@ -152,11 +152,13 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             quantize_row(in, K, qb,
                          type == T_Q4_K || type == T_Q5_K ? 1 + (TQ_AVX512 && mode[j] != GEMM) : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
-        } else if (mode[j] == GEMM) { /* int8 values, widened to int16 for the prompt kernel */
+        } else if (mode[j] == GEMM) { /* int8 values, widened to int16 for the prompt kernel
+                                       * unless it takes them as bytes (GEMM_BYTES) */
             int16_t *row = (int16_t *)s[j]->xq + m * K;
             quantize_row8(in, K, qb, (int8_t *)row + K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
-            gemm_widen8(row, K);
+            if (!GEMM_BYTES(type))
+                gemm_widen8(row, K);
         } else {
             quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16),
