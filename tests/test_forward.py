@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 8, 9, 10, 11, 120, 33, 34, 35, 36, 37]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3"])
 def qmodel_path(request, tmp_path_factory):
     """A tiny model with Q8_0 linear weights (qwen2: q/k/v biases, rope on halves; llama:
     rope on adjacent pairs)."""
@@ -44,11 +44,16 @@ def _load(path, bits: str = "int16"):
 KV = [torch.float32, torch.float16]  # --cache-type-k/-v f32 and f16 (the default)
 
 
-def _tolerance(kv: torch.dtype) -> float:
+def _tolerance(kv: torch.dtype, bits: str = "int16") -> float:
     """How far the C layers' logits may be from the PyTorch layers', relative to the largest:
     the two orders of float operations part by a few float32 ulps; in a half cache such a
     difference can round a key or value to the neighbouring half (2^-11 relative), which
-    later layers carry on."""
+    later layers carry on. With int8 activations the two usually give the same bits, but such
+    a difference can move one activation across a rounding step (1/127 of its block's
+    largest value), which moves a tiny model's logits by up to ~1% (measured over seeds:
+    qwen2 0.5% with the f32 cache, qwen3 1.2% with the f16 cache; int16 stays below 3e-4)."""
+    if bits != "int16":
+        return 2e-2
     return 2e-4 if kv == torch.float32 else 1e-3
 
 
@@ -76,7 +81,7 @@ def test_c_layers_match_the_pytorch_layers(qmodel_path, bits, kv):
     got = _logits(m, PROMPT, len(PROMPT), native=True, kv=kv)
     scale = want.abs().max().item()
     # same kernels and cache; only the float order of norms, rope, softmax and exp differs
-    assert (got - want).abs().max().item() <= _tolerance(kv) * scale
+    assert (got - want).abs().max().item() <= _tolerance(kv, bits) * scale
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 

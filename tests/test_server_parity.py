@@ -296,7 +296,6 @@ def test_several_listen_addresses(built, tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--reranking"], "--reranking is not supported"),
     (["--chat-template", "vicuna"], "built-in names Tandem knows chatml, llama3"),
     (["--ctx-size", "64", "--parallel", "8"], "8 tokens per slot"),
     (["--no-such-flag"], "unrecognized arguments"),

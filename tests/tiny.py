@@ -68,6 +68,9 @@ def hf_model(arch: str, seed: int = 0, **over):
     elif arch == "llama":
         c = transformers.LlamaConfig(**config(arch, **over))
         m = transformers.LlamaForCausalLM(c)
+    elif arch == "qwen3":  # heads of 32 (q: 128 wide on a 64-wide model), normed before rope
+        c = transformers.Qwen3Config(**config(arch, **{"head_dim": 32, **over}))
+        m = transformers.Qwen3ForCausalLM(c)
     else:
         raise ValueError(arch)
     with torch.no_grad():
@@ -104,10 +107,17 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
         w.shape)
 
 
-def write_gguf(model, path: Path, arch: str, qtype=None) -> Path:
+RERANK_TEMPLATE = "<|im_start|>{query}<|im_end|>\n{document}<|im_end|>\n<|im_start|>"
+
+
+def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] | None = None
+               ) -> Path:
     """The model's weights in a GGUF file with the tokenizer metadata llama.cpp writes.
 
     qtype: a gguf.GGMLQuantizationType to quantize 2-D weights with (default F32).
+    rank_tokens: make it a reranker as llama.cpp converts Qwen3-Reranker: a `cls.output`
+    head of those tokens' output rows (labels "yes", "no"), pooling type rank and a "rerank"
+    prompt (RERANK_TEMPLATE).
     """
     import gguf
 
@@ -123,8 +133,12 @@ def write_gguf(model, path: Path, arch: str, qtype=None) -> Path:
     w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or
                                c.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    head_dim = getattr(c, "head_dim", None)
+    if head_dim and head_dim != c.hidden_size // c.num_attention_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "llama-bpe")
+    w.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
     w.add_token_list(tokens)
     types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)
     w.add_token_types(types)
@@ -132,7 +146,15 @@ def write_gguf(model, path: Path, arch: str, qtype=None) -> Path:
     w.add_bos_token_id(len(tokens) - 3)
     w.add_eos_token_id(len(tokens) - 1)
     w.add_add_bos_token(arch == "llama")
-    w.add_chat_template(CHATML)
+    if rank_tokens is None:
+        w.add_chat_template(CHATML)
+    else:
+        w.add_chat_template([{"name": "default", "template": CHATML},
+                             {"name": "rerank", "template": RERANK_TEMPLATE}])
+        w.add_pooling_type(gguf.PoolingType.RANK)
+        w.add_classifier_output_labels(["yes", "no"])
+        head = model.lm_head.weight.detach().float().numpy()[rank_tokens].copy()
+        w.add_tensor("cls.output.weight", head)
     names = {
         "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight",
@@ -143,6 +165,8 @@ def write_gguf(model, path: Path, arch: str, qtype=None) -> Path:
         "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
         "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
         "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+        "self_attn.q_norm.weight": "attn_q_norm.weight",
+        "self_attn.k_norm.weight": "attn_k_norm.weight",
         "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
         "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
     }

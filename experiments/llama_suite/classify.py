@@ -38,10 +38,11 @@ WHY = {
     "test_chat_template": MODEL + " (stories' BOS '<s> ' before the llama3 template)",
     "test_load_split_model": MODEL + " (and split GGUF files are not read)",
     # features that are another issue's, or not Tandem's
-    "test_rerank": "reranking needs a cross-encoder model (refused with the reason)",
-    "test_rerank_tei_format": "reranking (refused)", "test_rerank_top_n": "reranking (refused)",
-    "test_rerank_tei_top_n": "reranking (refused)", "test_rerank_usage": "reranking (refused)",
-    "test_invalid_rerank_req": "reranking (refused)",
+    # (the Jina reranker, a BERT, is replaced by SmolLM2-135M with a yes/no head: shim.py)
+    "test_rerank": MODEL + " (the Jina reranker's judgement: SmolLM2-135M's yes/no head "
+                   "ranks another document first)",
+    "test_rerank_tei_format": MODEL + " (the Jina reranker's judgement, as test_rerank)",
+    "test_rerank_usage": MODEL + " (the Jina reranker's BERT token counts, 19 and 26)",
     "test_local_media_file": "multimodal input (no projector; gemma3 not read)",
     "test_slot_save_restore_text_only_on_multimodal": "multimodal (gemma3 not read)",
     "test_slot_save_restore_with_image": "multimodal", "test_slot_save_restore_with_two_images":
@@ -75,7 +76,6 @@ OWN = "llama.cpp's own test features (--spec-synth-*, debug log tags)"
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
-    "reranking": "reranking (needs a cross-encoder model; refused)",
     "multimodal": "multimodal input (no projector)",
     "llama.cpp's own debug log tags": OWN,
     "--spec-synth": OWN,

@@ -10,6 +10,7 @@ Nothing else is dropped or rewritten, so an unsupported flag fails the test as i
 Usage: LLAMA_SERVER_BIN_PATH=experiments/llama_suite/shim.py pytest ... (see run.sh)
 """
 import os
+import subprocess
 import sys
 
 TANDEM = os.environ.get("TANDEM_BIN", os.path.join(os.path.dirname(sys.executable), "tandem"))
@@ -18,8 +19,22 @@ TANDEM = os.environ.get("TANDEM_BIN", os.path.join(os.path.dirname(sys.executabl
 REPLACE = [
     ("infill", "default-draft"),  # fill-in-the-middle needs FIM tokens: Qwen2.5-Coder-0.5B
     ("tinygemma3", "gemma3-270m"),
-    ("", "smollm2-135m"),  # everything else: stories260K, stories15M_MOE, bert, jina
+    ("jina-reranker", "reranker"),  # SmolLM2-135M made a reranker: make_reranker.py
+    ("", "smollm2-135m"),  # everything else: stories260K, stories15M_MOE, bert
 ]
+SMOLLM2 = os.path.expanduser("~/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+RERANKER = os.path.expanduser("~/.cache/tandem/suite/smollm2-135m-reranker.gguf")
+
+
+def reranker() -> str:
+    """SmolLM2-135M-Instruct with a yes/no classification head, made once."""
+    if not os.path.exists(RERANKER):
+        os.makedirs(os.path.dirname(RERANKER), exist_ok=True)
+        python = os.path.join(os.path.dirname(TANDEM), "python")
+        subprocess.run([python, os.path.join(os.path.dirname(__file__), "make_reranker.py"),
+                        SMOLLM2, RERANKER + ".partial"], check=True)
+        os.replace(RERANKER + ".partial", RERANKER)
+    return RERANKER
 
 
 def main(argv):
@@ -36,6 +51,7 @@ def main(argv):
         # a download is replaced by its local stand-in; the suite's multi-model "router"
         # preset (no model at all) gets the small model too: Tandem serves one model
         name = next(local for key, local in REPLACE if key in (model_hint or ""))
+        name = reranker() if name == "reranker" else name
         out = ["--model", name, *out]
     sys.stderr.write(f"shim: tandem serve {' '.join(out)}\n")
     sys.stderr.flush()

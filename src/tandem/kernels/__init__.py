@@ -318,7 +318,8 @@ class _Linear(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)] + [
         (name, _Linear) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")]
 
 
@@ -354,8 +355,11 @@ class NativeLayers:
         self._layers = (_Layer * len(layers))()
         for i, blk in enumerate(layers):
             lay = self._layers[i]
-            for norm in ("attn_norm", "ffn_norm"):
-                t = getattr(blk, norm).float().contiguous()
+            for norm in ("attn_norm", "ffn_norm", "q_norm", "k_norm"):
+                t = getattr(blk, norm, None)
+                if t is None:  # q_norm, k_norm: qwen3 only (NULL: none)
+                    continue
+                t = t.float().contiguous()
                 self._keep.append(t)
                 setattr(lay, norm, t.data_ptr())
             for field, attr in LAYER_LINEARS.items():

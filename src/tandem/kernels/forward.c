@@ -38,6 +38,7 @@ static const tq_field layout[] = {
     STRUCT(tq_linear), FIELD(tq_linear, type), FIELD(tq_linear, N), FIELD(tq_linear, K),
     FIELD(tq_linear, W), FIELD(tq_linear, bias), FIELD(tq_linear, bits),
     STRUCT(tq_layer), FIELD(tq_layer, attn_norm), FIELD(tq_layer, ffn_norm),
+    FIELD(tq_layer, q_norm), FIELD(tq_layer, k_norm),
     FIELD(tq_layer, wq), FIELD(tq_layer, wk), FIELD(tq_layer, wv), FIELD(tq_layer, wo),
     FIELD(tq_layer, gate), FIELD(tq_layer, up), FIELD(tq_layer, down),
     STRUCT(tq_model), FIELD(tq_model, n_layers), FIELD(tq_model, dim), FIELD(tq_model, n_heads),
@@ -61,6 +62,14 @@ static void rope(float *x, int64_t n_heads, int64_t hd, const float *c, const fl
             *q = a * s[i] + b * c[i];
         }
     }
+}
+
+/* qwen3: each of n heads (hd values) of x RMS-normed with the head weights w, in place; before
+ * rope, per row, so batch-invariant like the rest */
+static void head_norm(float *x, int64_t n, int64_t hd, const float *w, float eps) {
+    if (w)
+        for (int64_t h = 0; h < n; h++, x += hd)
+            rms_norm_row(x, w, hd, eps, x);
 }
 
 /* the four sums of a, b, c, d's lanes: [sum a, sum b, sum c, sum d] */
@@ -349,6 +358,8 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
 #pragma omp for schedule(static)
                 for (int64_t m = 0; m < M; m++) {
                     const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                    head_norm(q + m * QD, H, hd, L->q_norm, md->eps);
+                    head_norm(k + m * KD, Hkv, hd, L->k_norm, md->eps);
                     rope(q + m * QD, H, hd, c, s, (int)md->rope_interleaved);
                     rope(k + m * KD, Hkv, hd, c, s, (int)md->rope_interleaved);
                     for (int64_t j = 0; j < Hkv; j++) {
@@ -370,6 +381,8 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                 if (distinct) { /* this item's heads: rope, and the key and value cached */
                     const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
                     float *kj = k + m * KD + j * hd;
+                    head_norm(qj, group, hd, L->q_norm, md->eps);
+                    head_norm(kj, 1, hd, L->k_norm, md->eps);
                     rope(qj, group, hd, c, s, (int)md->rope_interleaved);
                     rope(kj, 1, hd, c, s, (int)md->rope_interleaved);
                     put_row(kl + (at + pos[m]) * kb, kj, hd, kh);

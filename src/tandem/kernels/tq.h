@@ -51,6 +51,7 @@ typedef struct {
 
 typedef struct {
     const float *attn_norm, *ffn_norm; /* dim values each */
+    const float *q_norm, *k_norm;      /* head_dim values each, or NULL: qwen3's per-head norm */
     tq_linear wq, wk, wv, wo, gate, up, down;
 } tq_layer;
 

@@ -1,4 +1,4 @@
-"""The architecture differences of the llama/qwen2 family, as fields."""
+"""The architecture differences of the llama/qwen2/qwen3 family, as fields."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class ModelArgs:
-    arch: str  # "qwen2" | "llama" (as named in the file)
+    arch: str  # "qwen2" | "llama" | "qwen3" (as named in the file)
     dim: int
     n_layers: int
     n_heads: int
@@ -19,6 +19,7 @@ class ModelArgs:
     rope_theta: float = 10000.0
     rope_interleaved: bool = False  # GGUF llama stores q/k permuted for interleaved (GPT-J) rope
     qkv_bias: bool = False  # qwen2
+    qk_norm: bool = False  # qwen3: an RMS norm over each head of q and k before rope
     tie_embeddings: bool = False
     max_seq_len: int = 4096  # the model's trained context
 

@@ -104,6 +104,8 @@ def expected(args: ModelArgs, keys: Keys) -> dict[str, tuple[tuple[int, ...], st
         "w_gate": ((f, d), f"{ffn} rows, {dim} columns"),
         "w_up": ((f, d), f"{ffn} rows, {dim} columns"),
         "w_down": ((d, f), f"{dim} rows, {ffn} columns"),
+        "q_norm": ((args.head_dim,), f"head dimension {args.head_dim}"),
+        "k_norm": ((args.head_dim,), f"head dimension {args.head_dim}"),
         "wq.bias": ((q,), heads), "wk.bias": ((kv,), kv_heads), "wv.bias": ((kv,), kv_heads),
     }
 
@@ -135,6 +137,8 @@ def check_tensors(args: ModelArgs, shapes: dict[str, tuple[int, ...]], names: di
     for i in range(args.n_layers):
         for role in ("attn_norm", "ffn_norm"):
             check(role, names[role].format(i=i))
+        for role in ("q_norm", "k_norm"):
+            check(role, names[role].format(i=i), required=args.qk_norm)
         for role in linear[:-1]:
             base = names[role].format(i=i)
             check(role, base + ".weight")

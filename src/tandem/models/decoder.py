@@ -1,4 +1,4 @@
-"""One decoder for the llama/qwen2 family; differences are ModelArgs fields.
+"""One decoder for the llama/qwen2/qwen3 family; differences are ModelArgs fields.
 
 The forward pass takes a batch of rows, each row a slot of the KV cache with its own start
 position, and returns logits for every input position: verification needs all k+1 rows.
@@ -190,6 +190,7 @@ class Block(nn.Module):
         self.ffn_norm = w["ffn_norm"]
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
         self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
+        self.q_norm, self.k_norm = w.get("q_norm"), w.get("k_norm")  # qwen3, else None
 
     def forward(self, x: Tensor, layer: int, cache: KVCache, ctx: "StepContext") -> Tensor:
         a = self.args
@@ -199,6 +200,9 @@ class Block(nn.Module):
         q = self.wq(h, **how).view(B, T, a.n_heads, a.head_dim)
         k = self.wk(h, **how).view(B, T, a.n_kv_heads, a.head_dim)
         v = self.wv(h, **how).view(B, T, a.n_kv_heads, a.head_dim)
+        if self.q_norm is not None:  # qwen3: each head normed before rope
+            q = rms_norm(q, self.q_norm, a.norm_eps).to(q.dtype)
+            k = rms_norm(k, self.k_norm, a.norm_eps).to(k.dtype)
         q = apply_rope(q, ctx.cos, ctx.sin, a.rope_interleaved)
         k = apply_rope(k, ctx.cos, ctx.sin, a.rope_interleaved)
         kc, vc = cache.k[layer], cache.v[layer]  # (S, Hkv, max_len, D)

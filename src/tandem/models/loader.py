@@ -20,8 +20,30 @@ from .decoder import Block, Transformer
 from .gguf_file import GGUFFile
 from .linear import Dense
 
-SUPPORTED_ARCHS = ("qwen2", "llama")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # choices.DTYPES but auto
+
+
+@dataclass(slots=True)
+class RankHead:
+    """A reranker's classification head (GGUF `cls.output`), as llama.cpp applies it with
+    --pooling rank: scores = weight @ h + bias over the last token's final-normed hidden state,
+    softmaxed for qwen3 (Qwen3-Reranker: labels "yes", "no"); the relevance is scores[0].
+    `template` is the file's "rerank" prompt ({query} and {document} replaced), or None."""
+
+    weight: Tensor  # (n labels, dim) float32
+    bias: Tensor | None
+    softmax: bool
+    labels: list[str]
+    template: str | None
+
+    def score(self, h: Tensor) -> float:
+        out = self.weight @ h.float()
+        if self.bias is not None:
+            out = out + self.bias
+        if self.softmax:
+            out = torch.softmax(out, -1)
+        return float(out[0])
 
 
 @dataclass(slots=True)
@@ -34,6 +56,7 @@ class LoadedModel:
     dtype: torch.dtype
     load_seconds: float
     name: str = ""
+    rank_head: RankHead | None = None  # a reranker's (GGUF cls.output), else None
 
 
 def _number(value: Any, kind: type, where: str, key: str, default: Any = None) -> Any:
@@ -84,6 +107,7 @@ def args_from_gguf(g: GGUFFile) -> ModelArgs:
         rope_theta=num("rope.freq_base", float, 10000.0),
         rope_interleaved=g.arch == "llama",  # convert_hf_to_gguf permutes llama's q/k
         qkv_bias="blk.0.attn_q.bias" in g.tensors,
+        qk_norm=g.arch == "qwen3",
         tie_embeddings="output.weight" not in g.tensors,
         max_seq_len=num("context_length", default=4096),
     )
@@ -125,6 +149,7 @@ def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
         rope_theta=_number(theta, float, where, "'rope_theta'"),
         rope_interleaved=False,
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias")),
+        qk_norm=arch == "qwen3",
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_seq_len=num("max_position_embeddings", default=4096),
     )
@@ -186,6 +211,9 @@ def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
              for role in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
         w["attn_norm"] = need(names["attn_norm"].format(i=i)).float()
         w["ffn_norm"] = need(names["ffn_norm"].format(i=i)).float()
+        if args.qk_norm:
+            w["q_norm"] = need(names["q_norm"].format(i=i)).float()
+            w["k_norm"] = need(names["k_norm"].format(i=i)).float()
         blocks.append(Block(args, w))
     special = embedding(names["embed"]) if embedding is not None else None
     if special is not None:
@@ -201,6 +229,7 @@ def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
 GGUF_NAMES = {
     "embed": "token_embd.weight", "norm": "output_norm.weight", "output": "output",
     "attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight",
+    "q_norm": "blk.{i}.attn_q_norm.weight", "k_norm": "blk.{i}.attn_k_norm.weight",
     "wq": "blk.{i}.attn_q", "wk": "blk.{i}.attn_k", "wv": "blk.{i}.attn_v",
     "wo": "blk.{i}.attn_output", "w_gate": "blk.{i}.ffn_gate", "w_up": "blk.{i}.ffn_up",
     "w_down": "blk.{i}.ffn_down",
@@ -209,6 +238,8 @@ HF_NAMES = {
     "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head",
     "attn_norm": "model.layers.{i}.input_layernorm.weight",
     "ffn_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
     "wq": "model.layers.{i}.self_attn.q_proj", "wk": "model.layers.{i}.self_attn.k_proj",
     "wv": "model.layers.{i}.self_attn.v_proj", "wo": "model.layers.{i}.self_attn.o_proj",
     "w_gate": "model.layers.{i}.mlp.gate_proj", "w_up": "model.layers.{i}.mlp.up_proj",
@@ -262,7 +293,32 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         model = _build(args, get, linear, dt, max_len, GGUF_NAMES, numerics, embedding)
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None  # names the file once
-    return LoadedModel(path, args, model, tok, "gguf", dt, time.perf_counter() - t0)
+    return LoadedModel(path, args, model, tok, "gguf", dt, time.perf_counter() - t0,
+                       rank_head=_rank_head(g, args))
+
+
+def _rank_head(g: GGUFFile, args: ModelArgs) -> RankHead | None:
+    """The file's cls.output head (llama.cpp's LLM_TENSOR_CLS_OUT), checked, or None."""
+    from .quant import dequantize
+
+    raw = g.tensors.get("cls.output.weight")
+    if raw is None:
+        return None
+    shape = tuple(raw.shape)
+    if len(shape) != 2 or shape[1] != args.dim or not 1 <= shape[0] <= 4096:
+        raise ModelFileError(f"{g.path}: tensor 'cls.output.weight' has shape {list(shape)}, "
+                             f"expected [labels, {args.dim}] ({g.arch}.embedding_length "
+                             f"{args.dim} columns)")
+    bias = g.tensors.get("cls.output.bias")
+    if bias is not None and tuple(bias.shape) != (shape[0],):
+        raise ModelFileError(f"{g.path}: tensor 'cls.output.bias' has shape "
+                             f"{list(bias.shape)}, expected [{shape[0]}]")
+    labels = g.get("classifier.output_labels") or []
+    template = g.metadata.get("tokenizer.chat_template.rerank")
+    return RankHead(dequantize(raw).float(), None if bias is None else dequantize(bias).float(),
+                    softmax=g.arch == "qwen3",
+                    labels=[str(x) for x in labels] if isinstance(labels, list) else [],
+                    template=template if isinstance(template, str) else None)
 
 
 def load_hf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:

@@ -114,6 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
     from .agent_tools import router as tools_router
     from .corsproxy import router as proxy_router
     from .embeddings import router as embeddings_router
+    from .rerank import router as rerank_router
     from .oai import router as oai_router
 
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
@@ -149,6 +150,7 @@ def create_app(state: ServerState) -> FastAPI:
     _llama_routes(app, state)
     app.include_router(oai_router)
     app.include_router(embeddings_router)
+    app.include_router(rerank_router)
     app.include_router(tools_router)  # 403 feature_disabled unless --tools, as llama-server
     app.include_router(proxy_router)  # 403 feature_disabled unless --ui-mcp-proxy
     if state.settings.ui:  # the page at / (page.py); --no-ui: 404 there, as llama-server

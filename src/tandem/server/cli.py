@@ -84,10 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="serve embeddings (POST /v1/embeddings, /embedding): the target's "
                         "final hidden states, pooled (--pooling) and normalized")
-    g.add_argument("--pooling", default="last", choices=("none", "mean", "cls", "last"),
+    g.add_argument("--pooling", default="last", choices=("none", "mean", "cls", "last", "rank"),
                    help="how an embedding pools the hidden states: last (the token that has "
                         "read the whole input; the default for causal models), mean, cls (the "
-                        "first token), none (one vector per token, /embedding only)")
+                        "first token), none (one vector per token, /embedding only), rank "
+                        "(a reranker's classification head on the last token: POST /rerank)")
     g.add_argument("--cors-origins", default=None,
                    help="origins a browser may call the API from, comma-separated; "
                         "'localhost' = any port of localhost, 127.0.0.1, [::1]; '*' = any "
@@ -116,8 +117,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder for slot files: POST /slots/ID?action=save|restore "
                         "{\"filename\"} writes or reads a slot's cache there (off without it)")
     g.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
-                   help="not supported: reranking needs a cross-encoder with a ranking head; "
-                        "Tandem serves causal language models (refused)")
+                   help="serve POST /rerank (--embedding --pooling rank): a reranker GGUF with "
+                        "a classification head (cls.output, e.g. Qwen3-Reranker) scores each "
+                        "document against the query")
     g.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling",
                    action="store_true",
                    help="accepted: Tandem samples on the CPU, where its logits are")
@@ -264,9 +266,8 @@ def _settings(a: argparse.Namespace):
                  a.flash_attn)
     if not a.jinja:
         log.info("--no-jinja: no effect; Tandem always renders the model's Jinja template")
-    if a.reranking:
-        raise TandemError("--reranking is not supported: reranking needs a cross-encoder "
-                          "model with a ranking head, and Tandem serves causal language models")
+    if a.reranking:  # as llama-server: embeddings on, pooled by the ranking head
+        a.embedding, a.pooling = True, "rank"
     if a.backend_sampling:
         log.info("--backend-sampling: no effect; Tandem samples on the CPU")
     if a.cache_idle_slots is not None:
@@ -414,6 +415,15 @@ def _load_models(state) -> None:
         verdict = check_compatible(engine.target.tokenizer, engine.draft.tokenizer)
         log.info("draft %s: %s", engine.draft.path, verdict.message)
     log.info(spec.describe(None if engine.draft is None else engine.draft.path.name))
+    if s.embeddings and s.pooling == "rank":
+        head = engine.target.rank_head
+        if head is None:
+            raise TandemError(f"--reranking (--pooling rank): {engine.target.path} has no "
+                              "classification head (tensor cls.output.weight); use a reranker "
+                              "GGUF such as Qwen3-Reranker converted by llama.cpp")
+        log.info("reranking: %d-label head (%s)%s", head.weight.shape[0],
+                 ", ".join(head.labels) or "unnamed labels",
+                 ", the file's rerank prompt" if head.template else "")
     from .. import kernels
 
     if kernels.available():

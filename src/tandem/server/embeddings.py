@@ -65,16 +65,14 @@ async def _embed(http: HttpRequest, oai: bool) -> tuple[ServerState, EmbeddingBo
     if given == []:
         raise ApiError(400, "input: an empty list; give text, token ids or a list of them")
     pooling = state.settings.pooling
+    if pooling == "rank":
+        raise ApiError(400, "this server ranks (--reranking, pooling rank): use POST /rerank, "
+                            "or start it with another --pooling for embeddings")
     if oai and pooling == "none":
         raise ApiError(400, "pooling type 'none' is not OpenAI compatible: use /embeddings, or "
                             "start the server with another --pooling")
     prompts = await off_loop(_prompts, engine, given)
-    limit = engine.cfg.batch_size
-    for i, ids in enumerate(prompts):
-        if len(ids) > limit:
-            raise ApiError(400, f"input {i} ({len(ids)} tokens) is too large to process. "
-                                f"increase the physical batch size (current batch size: "
-                                f"{limit})")
+    check_fits(engine, prompts, "input")
     vocab = engine.tok.vocab_size
     bad = next((t for ids in prompts for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -92,6 +90,16 @@ async def _embed(http: HttpRequest, oai: bool) -> tuple[ServerState, EmbeddingBo
 
     vectors = await asyncio.wrap_future(worker.call(run))
     return state, body, list(zip(prompts, vectors))
+
+
+def check_fits(engine, prompts: list[list[int]], what: str) -> None:
+    """Each input read in one pass (Engine.embed), as llama-server's "too large" error says."""
+    limit = engine.cfg.batch_size
+    for i, ids in enumerate(prompts):
+        if len(ids) > limit:
+            raise ApiError(400, f"{what} {i} ({len(ids)} tokens) is too large to process. "
+                                f"increase the physical batch size (current batch size: "
+                                f"{limit})")
 
 
 def _prompts(engine, given) -> list[list[int]]:

@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
 from .embeddings import EmbeddingBody
+from .rerank import RerankBody
 from .infill import InfillBody
 from .schemas import ChatBody, CompletionBody, OaiCompletionBody
 
@@ -44,6 +45,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/chat/completions": ChatBody, "/apply-template": ChatBody,
     "/v1/chat/completions/input_tokens": ChatBody, "/chat/completions/input_tokens": ChatBody,
     "/v1/embeddings": EmbeddingBody, "/embedding": EmbeddingBody, "/embeddings": EmbeddingBody,
+    **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"), RerankBody),
 }
 ERROR = {
     "type": "object", "required": ["error"],
