@@ -252,3 +252,24 @@ def test_every_build_runs_the_layers_to_the_same_bits(qmodel_path, kernel_build)
             out[b] = (prompt, one, cache.k.clone(), cache.v.clone())
         for want, got in zip(out["avx2"], out[kernel_build]):
             assert torch.equal(got, want), bits
+
+
+def test_a_long_input_pooled_last_is_read_in_chunks_to_the_same_bits(tmp_path):
+    """Embeddings pooled "last" (and so reranking) read an input longer than --batch-size in
+    chunks, up to a slot's context, as llama-server does for causal models; the layers do not
+    depend on how rows are split into passes, so the last row has one pass's bits."""
+    m = _load(tiny.write_gguf(tiny.hf_model("qwen3", seed=6), tmp_path / "e.gguf", "qwen3",
+                              qtype=QT.Q8_0), "mixed")
+    rng = random.Random(5)
+    ids = [rng.randrange(5, 250) for _ in range(100)]
+    whole = Engine(m, None, EngineConfig(ctx_size=128, batch_size=128), SpecConfig(types=["none"]))
+    want = whole.embed(ids, "last")
+    for chunk in (16, 33):
+        small = Engine(m, None, EngineConfig(ctx_size=128, batch_size=chunk),
+                       SpecConfig(types=["none"]))
+        assert torch.equal(small.embed(ids, "last"), want)
+        for pooling in ("mean", "none", "cls"):  # these need every row of one pass
+            with pytest.raises(TandemError, match=f"1..{chunk} fit .--batch-size"):
+                small.embed(ids, pooling)
+    with pytest.raises(TandemError, match="1..128 fit .a slot's context"):
+        small.embed(ids * 2, "last")

@@ -32,7 +32,8 @@ def ranker(tmp_path_factory):
     model = tiny.hf_model("qwen3", seed=4)
     path = tiny.write_gguf(model, d / "reranker.gguf", "qwen3", rank_tokens=[YES, NO])
     plain = tiny.write_gguf(model, d / "plain.gguf", "qwen3")
-    on = Server(["--model", str(path), "--reranking", "-c", "512", "-t", "1"], d / "on.log")
+    on = Server(["--model", str(path), "--reranking", "-c", "512", "-b", "64", "-t", "1"],
+                d / "on.log")
     off = Server(["--model", str(path), "-c", "256", "-t", "1", "--embedding"], d / "off.log")
     try:
         on.wait_ready(120)
@@ -83,6 +84,15 @@ def test_scores_are_the_models_yes_probability_most_relevant_first(ranker):
     assert [t["score"] for t in tei] == [r["relevance_score"] for r in got]
 
 
+def test_a_document_longer_than_the_batch_is_read_in_chunks(ranker):
+    doc = " ".join(DOCS * 5)
+    want, total = _reference(ranker, QUERY, [doc])
+    assert total > 3 * 64  # the server reads it in passes of -b 64
+    got = post(ranker.on, "/rerank", {"query": QUERY, "documents": [doc]}).json()
+    assert got["usage"]["prompt_tokens"] == total
+    assert got["results"][0]["relevance_score"] == pytest.approx(want[0], abs=2e-3)
+
+
 @pytest.mark.parametrize("top_n,n", [(None, 4), (2, 2), (4, 4), (99, 4), (0, 0)])
 def test_top_n_keeps_the_most_relevant(ranker, top_n, n):
     full = post(ranker.on, "/rerank", {"query": QUERY, "documents": DOCS}).json()["results"]
@@ -100,7 +110,7 @@ def test_top_n_keeps_the_most_relevant(ranker, top_n, n):
     ({"documents": DOCS}, "\"query\" must be provided"),
     ({"query": 5, "documents": DOCS}, "\"query\" must be a string"),
     ({"query": QUERY, "documents": DOCS, "top_n": "2"}, "\"top_n\" must be an integer"),
-    ({"query": QUERY, "documents": ["word " * 600]}, "too large to process"),
+    ({"query": QUERY, "documents": ["word " * 600]}, "but the context holds 512 per slot"),
 ])
 def test_bad_rerank_requests_get_400_naming_the_field(ranker, body, message):
     r = post(ranker.on, "/rerank", body)

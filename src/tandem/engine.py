@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from . import embedding
 from .config import EngineConfig, SpecConfig
 from .cpushare import CpuShare
 from .errors import TandemError
@@ -90,28 +91,9 @@ class Engine:
 
     # -- embeddings -----------------------------------------------------------------------
 
-    POOLINGS = ("none", "mean", "cls", "last")
-
     def embed(self, ids: list[int], pooling: str) -> torch.Tensor:
-        """The target's final-normed hidden states for `ids`, pooled: "none" (T, dim), one row
-        per token; "mean", "cls" (the first token's) or "last" (the last token's, the one that
-        has read the whole input in a causal model) (dim,). The pass uses a scratch cache of its
-        own (--batch-size positions, made on first use), never a slot's, so generation in the
-        slots is untouched."""
-        if pooling not in self.POOLINGS:
-            raise TandemError(f"pooling {pooling!r}: expected one of {', '.join(self.POOLINGS)}")
-        if not 0 < len(ids) <= self.cfg.batch_size:
-            raise TandemError(f"an embedding input of {len(ids)} tokens; 1..{self.cfg.batch_size}"
-                              " (--batch-size) fit in one pass")
-        scratch = getattr(self, "_embed_cache", None)
-        if scratch is None:
-            k_dtype, v_dtype = self.cache.k.dtype, self.cache.v.dtype
-            scratch = self._embed_cache = KVCache(self.target.args, 1, self.cfg.batch_size + 1,
-                                                  k_dtype, v_dtype=v_dtype)
-        h = self.target.model(torch.tensor([ids]), scratch, [0], [0], logits="hidden_all")[0]
-        if pooling == "none":
-            return h
-        return {"mean": h.mean(0), "cls": h[0], "last": h[-1]}[pooling]
+        """The target's final-normed hidden states for `ids`, pooled (embedding.py)."""
+        return embedding.embed(self, ids, pooling)
 
     # -- slot files (llama-server's /slots/{id}?action=save|restore|erase) -----------------
 

@@ -8,8 +8,9 @@
 The vector is the final-normed hidden state pooled over the input (--pooling: last, the token
 that has read the whole input in a causal model, by default; mean; cls; none), then normalized
 by embd_normalize (2: Euclidean, the default; -1: none; 0: max-abs scaled to int16's range;
-p > 0: the p-norm), as llama.cpp's common_embd_normalize. An input must fit one pass
-(--batch-size tokens), as llama-server's "input is too large to process".
+p > 0: the p-norm), as llama.cpp's common_embd_normalize. Pooled "last", an input may fill a
+slot's context (read in chunks of --batch-size, as llama-server reads it); pooled otherwise it
+must fit one pass (--batch-size tokens), as llama-server's "input is too large to process".
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request as HttpRequest
 from pydantic import Field
 
+from ..embedding import longest
 from .jobs import off_loop, read_body
 from .prepare import prompt_list
 from .schemas import ApiError, _Body, parse_body
@@ -72,7 +74,7 @@ async def _embed(http: HttpRequest, oai: bool) -> tuple[ServerState, EmbeddingBo
         raise ApiError(400, "pooling type 'none' is not OpenAI compatible: use /embeddings, or "
                             "start the server with another --pooling")
     prompts = await off_loop(_prompts, engine, given)
-    check_fits(engine, prompts, "input")
+    check_fits(engine, prompts, "input", pooling)
     vocab = engine.tok.vocab_size
     bad = next((t for ids in prompts for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -92,14 +94,20 @@ async def _embed(http: HttpRequest, oai: bool) -> tuple[ServerState, EmbeddingBo
     return state, body, list(zip(prompts, vectors))
 
 
-def check_fits(engine, prompts: list[list[int]], what: str) -> None:
-    """Each input read in one pass (Engine.embed), as llama-server's "too large" error says."""
-    limit = engine.cfg.batch_size
+def check_fits(engine, prompts: list[list[int]], what: str, pooling: str) -> None:
+    """Each input within what Engine.embed reads (embedding.longest), with llama-server's
+    errors: pooled "last", a slot's context (read in chunks); else one pass."""
+    most = longest(engine, pooling)
     for i, ids in enumerate(prompts):
-        if len(ids) > limit:
-            raise ApiError(400, f"{what} {i} ({len(ids)} tokens) is too large to process. "
-                                f"increase the physical batch size (current batch size: "
-                                f"{limit})")
+        if len(ids) <= most:
+            continue
+        if pooling == "last":
+            raise ApiError(400, f"{what} {i} has {len(ids)} tokens but the context holds "
+                                f"{most} per slot; shorten it or start the server with a larger "
+                                "--ctx-size", "exceed_context_size_error",
+                           n_prompt_tokens=len(ids), n_ctx=most)
+        raise ApiError(400, f"{what} {i} ({len(ids)} tokens) is too large to process. "
+                            f"increase the physical batch size (current batch size: {most})")
 
 
 def _prompts(engine, given) -> list[list[int]]:

@@ -85,7 +85,7 @@ async def rerank(http: HttpRequest):
     head = engine.target.rank_head
     prompts = await off_loop(
         lambda: [rerank_tokens(engine.tok, head, body.query, d) for d in docs])
-    check_fits(engine, prompts, "document")  # (its prompt: query and document)
+    check_fits(engine, prompts, "document", "last")  # (its prompt: query and document)
 
     def run() -> list[float]:
         scores = []
