@@ -264,3 +264,19 @@ def test_default_pair_plan_is_plausible(real_gguf):
     assert p.rows[0].weights < 0.7 * dense.rows[0].weights
     # KV cache: 28 layers, 2 kv heads of 128, 4105 positions, bf16
     assert p.rows[0].kv_cache == 4105 * 2 * 28 * 2 * 128 * 2
+
+
+def test_embeddings_caches_are_counted_for_the_target():
+    """--embedding / --reranking: Engine.embed's scratch cache (--batch-size positions) and the
+    cache a long input pooled last is read into (a slot's context) join the target's KV."""
+    from tandem.models.decoder import KVCache
+
+    target = ModelSpec("target", ARGS, TENSORS, "t.gguf")
+    draft = ModelSpec("draft", ARGS, TENSORS, "d.gguf")
+    cfg = EngineConfig(ctx_size=256, batch_size=64, prefill_chunk=64)
+    off = plan([target, draft], cfg, 4, available=10**9)
+    on = plan([target, draft], cfg, 4, available=10**9, embeddings=True)
+    extra = sum(KVCache.of_types(ARGS, 1, n + 1, ("f16", "f16")).nbytes for n in (64, 256))
+    assert on.rows[0].kv_cache == off.rows[0].kv_cache + extra
+    assert on.rows[1].kv_cache == off.rows[1].kv_cache  # the draft embeds nothing
+    assert "embeddings' caches" in on.format() and "embeddings" not in off.format()

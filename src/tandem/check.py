@@ -60,13 +60,14 @@ def run(a: argparse.Namespace) -> int:
     return _verdict(compat, mem)
 
 
-def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: str | None
-                ) -> MemoryPlan:
-    """The plan for a target (and a draft where `spec` uses it), read without loading."""
+def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: str | None,
+                embeddings: bool = False) -> MemoryPlan:
+    """The plan for a target (and a draft where `spec` uses it), read without loading;
+    embeddings: the server's --embedding / --reranking (memory.plan)."""
     models = [inspect_model("target", model).spec]
     if spec.uses_draft:
         models.append(inspect_model("draft", model_draft).spec)
-    return plan(models, cfg, spec.spare_positions)
+    return plan(models, cfg, spec.spare_positions, embeddings=embeddings)
 
 
 def inspect_model(role: str, model: str) -> ModelInfo:

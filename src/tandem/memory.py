@@ -279,10 +279,12 @@ def available_memory() -> tuple[int, str]:
 
 
 def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
-         available: int | None = None) -> MemoryPlan:
+         available: int | None = None, embeddings: bool = False) -> MemoryPlan:
     """The memory the engine will hold for these models under `cfg` (context, slots, weights,
     dtype, prefill chunk), with max_k spare positions per slot; `available` overrides the
-    probe."""
+    probe. embeddings (--embedding, --reranking): the target's KV also counts Engine.embed's
+    caches, --batch-size positions kept for one-pass inputs and one slot's context for a long
+    input pooled last (embedding.py)."""
     if not isinstance(max_k, int) or max_k < 0:
         raise TandemError(f"max drafted tokens must be an integer >= 0, got {max_k!r}")
     # the most rows a pass holds: a prompt chunk read alone (or --batch-size, if larger)
@@ -291,13 +293,17 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     for spec in models:
         eff_mode, el = held_as(spec, cfg.numerics(spec.role))
         kv_el = [CACHE_TYPES[t] for t in cfg.cache_types(spec.role)]
+        kv = kv_cache_bytes(spec.args, ctx, slots, max_k, kv_el[0], cfg.kv_unified, kv_el[1])
+        if embeddings and spec.role == "target":
+            kv += sum(kv_cache_bytes(spec.args, n, 1, 0, kv_el[0], False, kv_el[1])
+                      for n in (cfg.batch_size, ctx))
         rows.append(PlanRow(
             spec.role, spec.name,
             f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
             f"GGUF blocks in place + {_dtype_name(el)}" if eff_mode == "native" else
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
-            kv_cache_bytes(spec.args, ctx, slots, max_k, kv_el[0], cfg.kv_unified, kv_el[1]),
+            kv,
             c_layer_bytes(spec.args, ctx, slots, max_k, chunk)
             if c_layers(spec, eff_mode) else
             working_bytes(spec.args, ctx, slots, max_k, chunk,
@@ -311,6 +317,8 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     settings = (f"ctx-size {ctx} shared by {slots} slot(s) (--kv-unified)" if cfg.kv_unified
                 else f"ctx-size {ctx} x {slots} slot(s)")
     settings += f", {max_k} spare positions for drafts, prefill chunk {chunk}"
+    if embeddings:
+        settings += ", embeddings' caches"
     ram = cfg.cache_ram_bytes(available)
     settings += (", no host prompt cache" if ram == 0 else
                  ", host prompt cache as it grows, no limit (--cache-ram -1)" if ram is None else

@@ -404,7 +404,7 @@ def _load_models(state) -> None:
     spec, cfg = s.spec, s.engine
     log.info("spec type: %s; target: %s; draft: %s", ",".join(spec.types), s.model,
              s.model_draft or "none")
-    mem = memory_plan(cfg, spec, s.model, s.model_draft)
+    mem = memory_plan(cfg, spec, s.model, s.model_draft, embeddings=s.embeddings)
     for line in mem.format().splitlines():
         log.info("%s", line)
     if not mem.fits:
