@@ -10,6 +10,7 @@ Environment variables that steer the numeric path are read here and nowhere else
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,53 @@ class SamplingParams:
 AUTO_P_MIN = 0.75  # auto's draft-model floor (its measured results were taken with it)
 
 
+def _floats(name: str, text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise TandemError(f"{name} must be comma-separated numbers, got {text!r}") from None
+
+
+def _rates_text(rates: list[float]) -> str:
+    return ", ".join(f"{r:.6g}" for r in rates)
+
+
+def _synth_rates(length: float, rates: list[float] | None, n_max: int) -> list[float] | None:
+    """--spec-synth-len / --spec-synth-rates as llama-server resolves them: the unconditional
+    rate of acceptance at each of the n_max draft positions (None = off). A length L gives
+    rates p, p^2, ..., p^n_max whose sum is L - 1, found by bisection."""
+    if length == -1.0 and not rates:
+        return None
+    if length != -1.0 and rates:
+        raise TandemError("spec-synth-len and spec-synth-rates are mutually exclusive")
+    if n_max <= 0:
+        raise TandemError("synthetic acceptance needs spec-draft-n-max >= 1")
+    if rates:
+        if len(rates) != n_max:
+            raise TandemError(f"spec-synth-rates must have spec-draft-n-max = {n_max} values, "
+                              f"got {len(rates)}")
+        for i, r in enumerate(rates):
+            if not (math.isfinite(r) and 0.0 <= r <= 1.0):
+                raise TandemError(f"spec-synth-rates must be within [0, 1], got {r!r}")
+            if i and r > rates[i - 1]:
+                raise TandemError(f"spec-synth-rates must not increase: {_rates_text(rates)}")
+        return list(rates)
+    if not (math.isfinite(length) and 1.0 <= length <= n_max + 1):
+        raise TandemError(f"spec-synth-len must be within [1, {n_max + 1}] "
+                          f"(spec-draft-n-max + 1), got {length!r}")
+    p = 1.0 if length == n_max + 1 else 0.0
+    if 1.0 < length < n_max + 1:
+        lo, hi = 0.0, 1.0
+        for _ in range(32):
+            mid = 0.5 * (lo + hi)
+            if sum(mid ** (j + 1) for j in range(n_max)) < length - 1.0:
+                lo = mid
+            else:
+                hi = mid
+        p = 0.5 * (lo + hi)
+    return [p ** (j + 1) for j in range(n_max)]
+
+
 @dataclass(slots=True)
 class SpecConfig:
     """Speculative decoding settings (llama-server's --spec-* flags).
@@ -148,7 +196,18 @@ class SpecConfig:
         "--spec-suffix-pool",
         help="tokens of earlier outputs the suffix proposer also searches, shared by every "
              "slot, least recently used out first (0 = only the request's own tokens)"))
+    synth_len: float = field(default=-1.0, metadata=flag(
+        "--spec-synth-len",
+        help="benchmarking only, the output is then not valid: accept drafted tokens at random, "
+             "for this mean acceptance length (the target's token included; -1: off)"))
+    synth_rates: list[float] | None = field(default=None, metadata=flag(
+        "--spec-synth-rates", type=str, metavar="P0,P1,...",
+        help="benchmarking only, the output is then not valid: accept drafted tokens at random, "
+             "position i with unconditional probability Pi (spec-draft-n-max values, "
+             "non-increasing)"))
     adaptive: bool = False  # choose k per step from measured costs (speculative/controller.py)
+    # --spec-synth-*, resolved: the unconditional rate of keeping drafted token i (None = off)
+    synth: list[float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.types, str):
@@ -183,6 +242,19 @@ class SpecConfig:
             raise TandemError(f"spec-suffix-max must be between 1 and 64, got {self.suffix_max}")
         if self.suffix_pool < 0:
             raise TandemError(f"spec-suffix-pool must be >= 0 (0 = off), got {self.suffix_pool}")
+        if isinstance(self.synth_rates, str):
+            self.synth_rates = _floats("spec-synth-rates", self.synth_rates)
+        self.synth = _synth_rates(self.synth_len, self.synth_rates, self.n_max)
+
+    @property
+    def synth_probs(self) -> list[float]:
+        """--spec-synth-*: the probability of accepting drafted token i given that the ones
+        before it were (llama-server's conditional form of the unconditional rates); [] = off."""
+        out, before = [], 1.0
+        for rate in self.synth or ():
+            out.append(rate / before if before > 0 else 0.0)
+            before = rate
+        return out
 
     @staticmethod
     def parse_types(text: str) -> list[str]:
@@ -294,6 +366,10 @@ class SpecConfig:
         if self.adaptive:
             line += ("; auto: each draft sized per step from measured costs and calibrated "
                      "confidences, none when it does not pay")
+        if self.synth:
+            line += ("; WARNING: synthetic acceptance for benchmarking, the output is not valid "
+                     f"(drafted token i kept with probability {_rates_text(self.synth)}, "
+                     f"mean acceptance length {1 + sum(self.synth):.3f})")
         return line
 
 

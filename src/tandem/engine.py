@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from .schedule import prompt_order
 from .sequence import Request, Sequence
 from .speculative.controller import AcceptanceTracker, CostModel
 from .speculative.speculator import Speculation
-from .speculative.verify import verify
+from .speculative.verify import verify, verify_synthetic
 
 
 # prompt rows beside generating rows take this many times the time those rows take alone
@@ -228,7 +229,7 @@ class Engine:
         gen = make_generator(req.sampling.seed)
         seed = gen.initial_seed()
         seq = Sequence(req, slot, spec, None, gen, seed, self.tok.incremental(), list(ids),
-                       len(ids))
+                       len(ids), synth=random.Random(seed) if spec.synth else None)
         seq.t_start = time.perf_counter()
         n_vocab = self.target.args.vocab_size
         if req.grammar is not None:
@@ -332,7 +333,7 @@ class Engine:
         n = seq.req.sampling.n_predict
         if n >= 0:
             left = min(left, n - len(seq.output))
-        return max(0, min(left - 1, self.max_k))
+        return max(0, min(left - 1, self.max_k, len(seq.spec.synth or ()) or self.max_k))
 
     def _remaining(self, seq: Sequence) -> int:
         """Tokens seq may still generate (n_predict, else the context left)."""
@@ -423,7 +424,9 @@ class Engine:
             eog = self._eog if s.req.sampling.ignore_eos else ()
             mine = constrain(logits[at: at + k + 1], d.ids, s.guide, s.bias, eog)
             at += k + 1
-            res = verify(d.ids, d.probs, mine, s.req.sampling, s.gen)
+            res = (verify(d.ids, d.probs, mine, s.req.sampling, s.gen) if s.synth is None else
+                   verify_synthetic(d.ids, mine, s.req.sampling, s.gen, s.spec.synth_probs,
+                                    s.synth, self.tok.eog_ids))
             self.cache.append(s.slot, [s.tokens[-1], *d.ids[: res.n_accepted]])
             s.speculator.accept(d, res.n_accepted, res.tokens)
             s.stats.t_verify += t_fwd / len(gen) + time.perf_counter() - t1

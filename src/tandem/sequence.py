@@ -3,6 +3,8 @@ so far (`Sequence`: tokens, text held back before a possible stop string, statis
 
 from __future__ import annotations
 
+import random
+
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +69,7 @@ class Sequence:
     guide: Guide | None = None  # the request's grammar state
     bias: torch.Tensor | None = None  # (V,) the request's logit biases
     truncated: bool = False  # the context was shifted (tokens dropped) while generating
+    synth: random.Random | None = None  # --spec-synth-*: the draws that accept drafted tokens
 
     @property
     def done(self) -> bool:

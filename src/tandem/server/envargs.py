@@ -64,6 +64,8 @@ ENV_FLAGS: dict[str, tuple[str, ...]] = {
     "LLAMA_ARG_SPEC_DRAFT_N_MAX": ("--spec-draft-n-max", "--draft-max"),
     "LLAMA_ARG_SPEC_DRAFT_N_MIN": ("--spec-draft-n-min", "--draft-min"),
     "LLAMA_ARG_SPEC_DRAFT_P_MIN": ("--spec-draft-p-min", "--draft-p-min"),
+    "LLAMA_ARG_SPEC_SYNTH_LEN": ("--spec-synth-len",),
+    "LLAMA_ARG_SPEC_SYNTH_RATES": ("--spec-synth-rates",),
     "LLAMA_ARG_SPEC_TYPE": ("--spec-type",),
     "LLAMA_ARG_DRAFT_MAX": ("--draft-max", "--spec-draft-n-max"),
     "LLAMA_ARG_DRAFT_MIN": ("--draft-min", "--spec-draft-n-min"),

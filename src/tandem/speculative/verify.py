@@ -39,6 +39,7 @@ differently: the same distribution, not the same text for a seed.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,24 @@ def verify(draft_ids: list[int], draft_probs: torch.Tensor | None, target_logits
     n, tokens = verify_batch(draft, probs, target_logits[None], params, gen)
     out = torch.cat([n, tokens[0]]).tolist()
     return VerifyResult(out[0], out[1 : out[0] + 2])
+
+
+def verify_synthetic(draft_ids: list[int], target_logits: torch.Tensor, params: SamplingParams,
+                     gen: torch.Generator | None, accept: list[float], rng: random.Random,
+                     eog: frozenset[int] | set[int]) -> VerifyResult:
+    """--spec-synth-* (llama-server's benchmarking mode; the output is not the target's): draft
+    token i is kept with probability accept[i] given the ones before it, whatever the target
+    says, never a drafted end of generation; then the target's own token at the first row not
+    kept (its argmax, or one draw from the request's sampler, as decoding without a draft).
+    One draw of rng per drafted token looked at: a seed repeats the same decisions."""
+    n = 0
+    while n < len(draft_ids):
+        keep = n < len(accept) and rng.random() < accept[n]
+        if not keep or draft_ids[n] in eog:
+            break
+        n += 1
+    own = verify([], None, target_logits[n: n + 1], params, gen).tokens[0]
+    return VerifyResult(n, [*draft_ids[:n], own])
 
 
 def verify_batch(draft: torch.Tensor, draft_probs: torch.Tensor | None,
