@@ -56,10 +56,9 @@ static inline float block_amax(const float *x, int64_t n) {
 /* q: K int16; s: K/32 scales (each 32-group gets its block's scale); sum: K/32 float sums.
  * split: each group of 32 stored as its 16 even-indexed values, then its 16 odd-indexed ones,
  * the order in which the Q4_K / Q5_K kernels take the weights apart (k4_nibbles). With
- * split == 2 (the AVX-512 row-by-row Q4_K / Q5_K kernel) each value x is stored as two bytes
- * instead, x = 256 h + l with l = x's low byte read as signed (-128..127) and h = (x - l) / 256
- * (-64..64): the K bytes l from q, the K bytes h after them, each plane in the order of
- * quantize_row8's pairs (per 128 values the groups 0, 2, 1, 3), for vpdpbusd. */
+ * split == 3 (the AVX-512 row-by-row Q4_K / Q5_K kernel, two chunks per vector) those halves
+ * of the four groups of each 128 values go in the order evens of group 0, of group 2, odds of
+ * 0, of 2, evens of 1, of 3, odds of 1, of 3. */
 void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,
                   float *sum) {
     /* per 128-bit lane: words 0 2 4 6 1 3 5 7 */
@@ -80,23 +79,17 @@ void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, floa
             /* packs works per 128-bit lane: [a0..3 b0..3 a4..7 b4..7] -> fix the order */
             __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
             __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
-            if (split == 1) { /* [evens of p0 | odds of p0], the same for p1, then recombined */
+            if (split) { /* [evens of p0 | odds of p0], the same for p1, then recombined */
                 const __m256i e0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p0, evod), 0xD8);
                 const __m256i e1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p1, evod), 0xD8);
                 p0 = _mm256_permute2x128_si256(e0, e1, 0x20);
                 p1 = _mm256_permute2x128_si256(e0, e1, 0x31);
             }
-            if (split == 2) { /* the byte planes, group g at its pairs slot */
-                static const int slot[4] = {0, 2, 1, 3};
-                const __m256i l0 = _mm256_srai_epi16(_mm256_slli_epi16(p0, 8), 8);
-                const __m256i l1 = _mm256_srai_epi16(_mm256_slli_epi16(p1, 8), 8);
-                const __m256i h0 = _mm256_srai_epi16(_mm256_sub_epi16(p0, l0), 8);
-                const __m256i h1 = _mm256_srai_epi16(_mm256_sub_epi16(p1, l1), 8);
-                int8_t *at = (int8_t *)q + 32 * (g - g % 4 + slot[g % 4]);
-                _mm256_storeu_si256((__m256i *)at,
-                                    _mm256_permute4x64_epi64(_mm256_packs_epi16(l0, l1), 0xD8));
-                _mm256_storeu_si256((__m256i *)(at + K),
-                                    _mm256_permute4x64_epi64(_mm256_packs_epi16(h0, h1), 0xD8));
+            if (split == 3) { /* the evens and odds of group r = g % 4 at their places */
+                const int r = (int)(g % 4);
+                int16_t *at = q + 128 * (g / 4) + 16 * ((r % 2) * 4 + r / 2);
+                _mm256_storeu_si256((__m256i *)at, p0);
+                _mm256_storeu_si256((__m256i *)(at + 32), p1);
             } else {
                 _mm256_storeu_si256((__m256i *)(q + 32 * g), p0);
                 _mm256_storeu_si256((__m256i *)(q + 32 * g + 16), p1);

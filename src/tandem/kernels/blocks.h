@@ -161,7 +161,7 @@ static inline float f16(const uint8_t *p) {
 /* int16 activations (rowdot16.c, gemm.c) */
 typedef struct {
     const int16_t *q; /* row m of the activations: q + m * K (for the AVX-512 row-by-row
-                       * Q4_K / Q5_K kernel its 2K bytes are two byte planes: quantize_row) */
+                       * Q4_K / Q5_K kernel in quantize_row's split 3 order) */
     const float *s, *sum;
     int64_t K, G; /* K and K / 32 */
 } acts_t;

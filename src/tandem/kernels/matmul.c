@@ -148,9 +148,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);
             in = pre->tmp;
         }
-        if (l[j]->bits == 16) { /* split 2: the AVX-512 row-by-row Q4_K/Q5_K kernel's byte planes */
+        if (l[j]->bits == 16) { /* split 3: the AVX-512 row-by-row Q4_K/Q5_K kernel's order */
             quantize_row(in, K, qb,
-                         type == T_Q4_K || type == T_Q5_K ? 1 + (TQ_AVX512 && mode[j] != GEMM) : 0,
+                         type == T_Q4_K || type == T_Q5_K ? (TQ_AVX512 && mode[j] != GEMM ? 3 : 1) : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
         } else if (mode[j] == GEMM) { /* int8 values, widened to int16 for the prompt kernel
                                        * unless it takes them as bytes (GEMM_BYTES) */

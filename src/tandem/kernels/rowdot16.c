@@ -103,53 +103,56 @@ static inline __attribute__((always_inline)) void row_dot(int type, const uint8_
             __m256 mnv;
             const uint8_t *qs = k4_head(five, w, &sc16, &mnv, &qh);
 #if TQ_AVX512
-            /* vpdpbusd on the activations' byte planes (quantize_row's split 2: x = 256 h + l):
-             * chunks c and c + 1 in one vector, low nibbles (sub-blocks 2c, 2c + 2) and high
-             * nibbles (2c + 1, 2c + 3), as the int8 kernel takes them. A lane sums four
-             * weights' q * l (|.| <= 4 * 31 * 128) or q * h: both fit int16, so vpdpwssd
-             * against the sub-block scale in the low word (high word 0) adds scale * sum, into
-             * the l and the h sums; l + 256 h per lane is then the integer that q * sc * x
-             * over the same four weights gives (the AVX2 kernel's lanes): the same bits */
-            (void)sc16;
-            uint8_t sm[16];
-            k4_unpack(w + 4, sm);
-            const __m512i scd = _mm512_castsi256_si512(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
-            const __m512i m4z = _mm512_set1_epi8(0x0F), one8z = _mm512_set1_epi8(1);
+            /* vpdpwssd on the quants times their sub-block scale (q * sc <= 31 * 63 fits
+             * int16), made once per weight row and shared by every activation row: chunks c
+             * and c + 1 side by side, words 0..15 of a vector chunk c's and 16..31 chunk
+             * c + 1's, in k4_nibbles' order (v[0] the even weights of the low nibbles, v[1]
+             * the odd ones, v[2] and v[3] the same of the high nibbles), against the
+             * activations in quantize_row's split 3 order (per 128 values the 32 each vector
+             * meets). A dword lane sums two products; the two 256-bit halves folded
+             * (fold512) give the AVX2 kernel's lanes, four consecutive weights of every
+             * sub-block each: the same integers, the same bits. One instruction per 32
+             * products and row, where vpdpbusd on byte planes of the activations took two */
+            const __m512i sc5 = _mm512_castsi256_si512(sc16); /* words j < 8: scale j */
+            const __m512i m4w = _mm512_set1_epi16(0x000F), one16 = _mm512_set1_epi16(1);
             const __m512i qhz = _mm512_broadcast_i64x4(qh);
-            __m512i hsum5[MR];
-            for (int m = 0; m < mr; m++)
-                hsum5[m] = _mm512_setzero_si512();
             for (int c = 0; c < 4; c += 2) {
                 const __m512i q = _mm512_loadu_si512((const void *)(qs + 32 * c));
-                __m512i lo = _mm512_and_si512(q, m4z);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z);
-                if (five) { /* fifth bits: bit 2c (2c + 1) of qh for chunk c, + 2 for c + 1 */
-                    const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16(2 * c),
-                                                          _mm256_set1_epi16(2 * c + 2), 1);
-                    const __m512i b = _mm512_srlv_epi16(qhz, sh);
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(b, one8z), 4));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(
-                                                 _mm512_and_si512(_mm512_srli_epi16(b, 1), one8z), 4));
+                __m512i v[4];
+                v[0] = _mm512_and_si512(q, m4w);
+                v[1] = _mm512_and_si512(_mm512_srli_epi16(q, 8), m4w);
+                v[2] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4w);
+                v[3] = _mm512_srli_epi16(q, 12);
+                if (five) { /* bit b (chunk c) or b + 2 (chunk c + 1) of qh's words at bit 4,
+                             * b = 2c, 8 + 2c, 2c + 1, 9 + 2c for v[0..3] (k4_nibbles) */
+                    static const int bit[4] = {0, 8, 1, 9};
+                    for (int i = 0; i < 4; i++) {
+                        const __m512i sh = _mm512_inserti64x4(
+                            _mm512_set1_epi16((short)(bit[i] + 2 * c)),
+                            _mm256_set1_epi16((short)(bit[i] + 2 * c + 2)), 1);
+                        v[i] = _mm512_or_si512(v[i], _mm512_slli_epi16(
+                            _mm512_and_si512(_mm512_srlv_epi16(qhz, sh), one16), 4));
+                    }
                 }
-                const __m512i s0 = _mm512_permutexvar_epi32(_mm512_inserti64x4(
-                    _mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 2), 1), scd);
-                const __m512i s1 = _mm512_permutexvar_epi32(_mm512_inserti64x4(
-                    _mm512_set1_epi32(2 * c + 1), _mm256_set1_epi32(2 * c + 3), 1), scd);
+                /* scales: sub-blocks 2c and 2c + 2 (low nibbles), 2c + 1 and 2c + 3 (high) */
+                const __m512i s0 = _mm512_permutexvar_epi16(_mm512_inserti64x4(
+                    _mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 2)), 1), sc5);
+                const __m512i s1 = _mm512_permutexvar_epi16(_mm512_inserti64x4(
+                    _mm512_set1_epi16((short)(2 * c + 1)), _mm256_set1_epi16((short)(2 * c + 3)), 1), sc5);
+                v[0] = _mm512_mullo_epi16(v[0], s0);
+                v[1] = _mm512_mullo_epi16(v[1], s0);
+                v[2] = _mm512_mullo_epi16(v[2], s1);
+                v[3] = _mm512_mullo_epi16(v[3], s1);
                 for (int m = 0; m < mr; m++) {
-                    const int8_t *xl = (const int8_t *)(A->q + m * A->K) + 256 * sb + 64 * c;
-                    const int8_t *xh = xl + A->K;
-                    const __m512i z = _mm512_setzero_si512();
-                    const __m512i l0 = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512((const void *)xl));
-                    const __m512i l1 = _mm512_dpbusd_epi32(z, hi, _mm512_loadu_si512((const void *)(xl + 64)));
-                    const __m512i h0 = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512((const void *)xh));
-                    const __m512i h1 = _mm512_dpbusd_epi32(z, hi, _mm512_loadu_si512((const void *)(xh + 64)));
-                    isum5[m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum5[m], l0, s0), l1, s1);
-                    hsum5[m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(hsum5[m], h0, s0), h1, s1);
+                    const int16_t *xq = A->q + m * A->K + 256 * sb + 64 * c;
+                    __m512i t = isum5[m];
+                    for (int i = 0; i < 4; i++)
+                        t = _mm512_dpwssd_epi32(t, v[i], _mm512_loadu_si512((const void *)(xq + 32 * i)));
+                    isum5[m] = t;
                 }
             }
             for (int m = 0; m < mr; m++) {
-                isum[m] = fold512(_mm512_add_epi32(isum5[m], _mm512_slli_epi32(hsum5[m], 8)));
+                isum[m] = fold512(isum5[m]);
                 isum5[m] = _mm512_setzero_si512();
             }
 #else
