@@ -8,7 +8,7 @@ each path's output text is the same in every run.
     python experiments/target_speed.py --model default --threads 2 --runs 5 --n-predict 128 \
         --out bench/results/target-speed
 
-`--against REV` adds the default path as the source at git revision REV computes it (its `src/`
+`--against REV` adds the first of --paths as the source at git revision REV computes it (its `src/`
 exported to a temporary folder and put first on PYTHONPATH; its kernels build from its own C
 files), so that a change is timed against the code before it in the same turns.
 
@@ -93,9 +93,8 @@ def main() -> int:
         subprocess.run(["git", "archive", "-o", str(archive), rev, "src"], cwd=ROOT, check=True)
         with tarfile.open(archive) as tf:
             tf.extractall(tmp.name, filter="data")
-        label = f"native mixed C layers (at {rev})"
-        PATHS[label] = [*PATHS["native mixed C layers (default)"],
-                        f"PYTHONPATH={Path(tmp.name) / 'src'}"]
+        label = f"{labels[0]} (at {rev})"
+        PATHS[label] = [*PATHS[labels[0]], f"PYTHONPATH={Path(tmp.name) / 'src'}"]
         labels.append(label)
     runs: dict[str, list[dict]] = {lab: [] for lab in labels}
     for r in range(a.runs):

@@ -115,6 +115,23 @@ def test_seeded_runs_repeat_exactly(draft_probs):
     assert run_public(123, draft_probs) != run_public(124, draft_probs)
 
 
+def test_greedy_verify_is_verify_batch_with_ties_and_long_matches():
+    """verify's greedy shortcut (numpy's argmax, no tensors) against the vectorized rule, on
+    rows full of equal maxima (both take the first) and drafts that match for a while."""
+    g = torch.Generator().manual_seed(5)
+    for case in range(60):
+        k, V = case % 7, 6
+        logits = torch.randint(0, 3, (k + 1, V), generator=g).float()  # many ties
+        best = logits.argmax(-1).tolist()
+        keep = case % (k + 1)
+        ids = best[:keep] + torch.randint(V, (k - keep,), generator=g).tolist()
+        res = verify(ids, None, logits, GREEDY, None)
+        n, tokens = verify_batch(torch.tensor([ids], dtype=torch.long).view(1, k), None,
+                                 logits[None], GREEDY, None)
+        assert (res.n_accepted, res.tokens) == (int(n[0]), tokens[0, : int(n[0]) + 1].tolist())
+        assert res.n_accepted >= keep
+
+
 def test_verify_is_verify_batch_on_one_row():
     g = torch.Generator().manual_seed(3)
     settings = [PLAIN, SamplingParams(), SamplingParams(temperature=0.6, top_k=3), GREEDY]

@@ -69,6 +69,14 @@ def verify(draft_ids: list[int], draft_probs: torch.Tensor | None, target_logits
     Returns len(tokens) == n_accepted + 1. One host sync.
     """
     _check_inputs(draft_ids, draft_probs, target_logits)
+    if params.greedy and target_logits.dtype == torch.float32 and not target_logits.is_cuda:
+        # the same rule without building tensors: every decode step of a greedy request comes
+        # here (numpy's argmax, like torch's, takes the first of equal maxima)
+        best = target_logits.numpy().argmax(-1).tolist()
+        n = 0
+        while n < len(draft_ids) and draft_ids[n] == best[n]:
+            n += 1
+        return VerifyResult(n, [*draft_ids[:n], best[n]])
     draft = torch.tensor([draft_ids], dtype=torch.long, device=target_logits.device)  # (1, k)
     probs = None if draft_probs is None else draft_probs[None]
     n, tokens = verify_batch(draft, probs, target_logits[None], params, gen)
