@@ -60,8 +60,6 @@ WHY = {
                               "and its --no-cache-idle-slots flag",
     "test_disabled_with_flag": "llama.cpp's own debug log tags (__TEST_TAG_CACHE_IDLE_SLOT__) "
                                "and its --no-cache-idle-slots flag",
-    "test_synth_is_deterministic": "--spec-synth-*: llama.cpp's synthetic-draft test flags",
-    "test_synth_ignores_target_tokens": "--spec-synth-*: llama.cpp's test flags",
     "test_with_and_without_draft": "a draft model's sampled drafts are verified by rejection "
                                    "sampling (the target's distribution, not the same draws "
                                    "for a seed; n-gram and suffix drafts do give the same text)",
@@ -71,14 +69,13 @@ WHY = {
 }
 
 
-OWN = "llama.cpp's own test features (--spec-synth-*, debug log tags)"
+OWN = "llama.cpp's own test features (debug log tags)"
 # how the reasons group (a reason belongs to the first kind it starts with)
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
     "multimodal": "multimodal input (no projector)",
     "llama.cpp's own debug log tags": OWN,
-    "--spec-synth": OWN,
     "a draft model's sampled drafts": "a different, documented choice",
     "accounting": "a different, documented choice",
 }
