@@ -46,7 +46,7 @@ def build_rev(rev: str, out_dir: Path) -> tuple[ctypes.CDLL, bool]:
     with tarfile.open(archive) as tf:
         tf.extractall(out_dir, filter="data")
     src = out_dir / "src/tandem/kernels"
-    files = [str(src / p.name) for p in kernels.SOURCES]
+    files = [str(src / p.name) for p in kernels.SOURCES if (src / p.name).exists()]
     flags = [*kernels.CFLAGS, *kernels.VARIANTS[kernels.variant()][0]]
     lib_path = out_dir / "rev.so"
     subprocess.run(["gcc", *flags, "-o", str(lib_path), *files, "-lm"], check=True)
@@ -83,6 +83,9 @@ def main() -> None:
     native = kernels.NativeLayers.from_model(args, list(model.layers), model.cos, model.sin)
     if native is None:
         sys.exit("this model does not take the C layers")
+    # REV's kernels read the GGUF blocks: no layout of this tree's own (kernels.repack)
+    plain = kernels.NativeLayers(args, list(model.layers), model.cos, model.sin,
+                                 kernels.PROMPT_ROWS, repacked=False)
     here = kernels._lib_or_raise(None)
     max_len = a.position + max(a.rows) + 64
     shape = (args.n_layers, 1, args.n_kv_heads, max_len, args.head_dim)
@@ -99,7 +102,8 @@ def main() -> None:
         for name, lib, t, takes_types in ((f"this tree {a.kv[0]}", here, a.kv[0], True),
                                           (f"at {a.against} {a.kv[1]}", rev, a.kv[1], typed)):
             types = [3 if t == "f16" else 0] if takes_types else []
-            libs[name] = (lib, kc.to(dtypes[t]), vc.to(dtypes[t]), types)
+            libs[name] = (lib, kc.to(dtypes[t]), vc.to(dtypes[t]), types,
+                          native if lib is here else plain)
         cpu = next((ln.split(":", 1)[1].strip() for ln in
                     Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name")), platform.processor())
@@ -110,12 +114,12 @@ def main() -> None:
             pos = (ctypes.c_int64 * m)(*range(a.position, a.position + m))
             outs, times = {}, {k: [] for k in libs}
             for r in range(a.rounds):
-                for name, (lib, k, v, types) in libs.items():
+                for name, (lib, k, v, types, layers) in libs.items():
                     ts = []
                     for _ in range(a.calls):
                         x = x0.clone()
                         t0 = time.perf_counter()
-                        rc = lib.tq_forward(ctypes.byref(native._model), k.data_ptr(),
+                        rc = lib.tq_forward(ctypes.byref(layers._model), k.data_ptr(),
                                             v.data_ptr(), 1, max_len, x.data_ptr(), m, slots,
                                             pos, a.threads, *types)
                         ts.append(time.perf_counter() - t0)

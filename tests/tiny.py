@@ -57,6 +57,10 @@ def config(arch: str, **over) -> dict:
     return cfg
 
 
+# a model whose every matrix is a multiple of 256 wide and of 16 rows (Q4_K, rowdotx.c's groups)
+Q4K_SHAPE = dict(hidden_size=256, intermediate_size=512)
+
+
 def hf_model(arch: str, seed: int = 0, **over):
     """A transformers model with random weights (float32), scaled so logits are informative."""
     import transformers
@@ -114,7 +118,8 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
                ) -> Path:
     """The model's weights in a GGUF file with the tokenizer metadata llama.cpp writes.
 
-    qtype: a gguf.GGMLQuantizationType to quantize 2-D weights with (default F32).
+    qtype: a gguf.GGMLQuantizationType to quantize 2-D weights with (default F32; Q4_K needs
+    every row a multiple of 256 wide: `hf_model(arch, **Q4K_SHAPE)`).
     rank_tokens: make it a reranker as llama.cpp converts Qwen3-Reranker: a `cls.output`
     head of those tokens' output rows (labels "yes", "no"), pooling type rank and a "rerank"
     prompt (RERANK_TEMPLATE).
@@ -184,7 +189,8 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
         elif arch == "llama" and rest_is(name, "k_proj"):
             a = _permute(a, c.num_key_value_heads)
         if qtype is not None and a.ndim == 2:
-            a = gguf.quants.quantize(a, qtype)
+            a = (quantize_q4_k(a) if qtype == gguf.GGMLQuantizationType.Q4_K
+                 else gguf.quants.quantize(a, qtype))
             w.add_tensor(out, a, raw_dtype=qtype)
         else:
             w.add_tensor(out, a)
@@ -197,3 +203,33 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
 
 def rest_is(name: str, proj: str) -> bool:
     return f"self_attn.{proj}." in name
+
+
+def quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """float32 (rows, K) -> Q4_K blocks (rows, K / 256 * 144), as the gguf package cannot make
+    them: per 32-value sub-block x ~ d * sc * q - dmin * mn (q 4 bits, sc and mn 6 bits, d and
+    dmin f16 per 256), packed as ggml packs them (scales in 12 bytes; each byte of a 64-value
+    chunk holds value l in its low nibble and l + 32 in its high one)."""
+    rows, k = a.shape
+    x = a.reshape(rows, k // 256, 8, 32).astype(np.float64)
+    mins = np.maximum(0.0, -x.min(-1))  # (rows, nsb, 8)
+    scales = (x.max(-1) + mins) / 15
+    d = (scales.max(-1) / 63).astype(np.float16)
+    dmin = (mins.max(-1) / 63).astype(np.float16)
+    df, dmf = d.astype(np.float64)[..., None], dmin.astype(np.float64)[..., None]
+    sc = np.clip(np.round(np.divide(scales, df, out=np.zeros_like(scales), where=df > 0)), 0, 63)
+    mn = np.clip(np.round(np.divide(mins, dmf, out=np.zeros_like(mins), where=dmf > 0)), 0, 63)
+    step = (df * sc)[..., None]
+    q = np.divide(x + (dmf * mn)[..., None], step, out=np.zeros_like(x), where=step > 0)
+    q = np.clip(np.round(q), 0, 15).astype(np.uint8).reshape(rows, k // 256, 256)
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    out = np.zeros((rows, k // 256, 144), np.uint8)
+    out[..., 0:2] = d[..., None].view(np.uint8)
+    out[..., 2:4] = dmin[..., None].view(np.uint8)
+    for j in range(4):
+        out[..., 4 + j] = (sc[..., j] & 63) | (sc[..., j + 4] >> 4) << 6
+        out[..., 8 + j] = (mn[..., j] & 63) | (mn[..., j + 4] >> 4) << 6
+        out[..., 12 + j] = (sc[..., j + 4] & 15) | (mn[..., j + 4] & 15) << 4
+    for c in range(4):
+        out[..., 16 + 32 * c: 48 + 32 * c] = q[..., 64 * c: 64 * c + 32] | q[..., 64 * c + 32: 64 * c + 64] << 4
+    return out.reshape(rows, -1)

@@ -176,6 +176,8 @@ def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el:
     for name, (type_name, shape) in tensors.items():
         n = math.prod(shape)
         if mode == "native" and len(shape) == 2 and type_name in KERNEL_TYPES:
+            # (a matrix the kernels repack, int8 Q4_K, takes the same bytes in their layout,
+            # and its pages of the file are then no longer read)
             if name != "token_embd.weight" or tied:
                 total += _file_bytes(type_name, n)
             continue

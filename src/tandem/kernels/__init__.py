@@ -36,7 +36,8 @@ from ..choices import KERNEL_TYPES
 from ..errors import TandemError
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "gemm.c", "matmul.c",
+SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "gemm.c",
+                              "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
 HEADERS = [HERE / "tq.h", HERE / "blocks.h", HERE / "gemm_avx2.h"]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
@@ -194,6 +195,8 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, i64]
     lib.tq_matmul.restype = c_int
+    lib.tq_repack_q4kx.argtypes = [ptr, i64, i64, ptr]
+    lib.tq_repack_q4kx.restype = c_int
     lib.tq_dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
     lib.tq_dequantize.restype = c_int
     lib.tq_block_bytes.argtypes = [c_int]
@@ -272,6 +275,31 @@ def _threads(n: int) -> int:
     return min(n, _thread_cap) if _thread_cap else n
 
 
+# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K in groups of
+# 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
+REPACKED_TYPES = {"Q4_Kx16": 112}
+REPACK_FROM = {"Q4_K": "Q4_Kx16"}
+
+
+def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
+    """(type, blocks) of the kernels' faster layout for a linear of GGUF blocks whose activations
+    are rounded to `bits`, or None where it has none (then the GGUF blocks are used in place).
+    Q4_K with int8 activations and N a multiple of 16: rowdotx.c's 16-row groups (a copy of the
+    same size: the file's pages are then no longer read)."""
+    if type_name not in REPACK_FROM or bits != 8 or n % 16 or k % 256:
+        return None
+    lib = _lib_or_raise()
+    src = np.ascontiguousarray(blocks)
+    out = np.empty_like(src)
+    if lib.tq_repack_q4kx(src.ctypes.data, n, k, out.ctypes.data) != 0:
+        raise TandemError(f"tq_repack_q4kx(N={n}, K={k}) failed")
+    return REPACK_FROM[type_name], out
+
+
+def type_id(type_name: str) -> int:
+    return KERNEL_TYPES[type_name] if type_name in KERNEL_TYPES else REPACKED_TYPES[type_name]
+
+
 def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
            bias: torch.Tensor | None = None, *, bits: int = 16, threads: int = 1,
            prompt_rows: int = PROMPT_ROWS, build: str | None = None) -> torch.Tensor:
@@ -288,7 +316,7 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.float().contiguous()
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    rc = lib.tq_matmul(KERNEL_TYPES[type_name], blocks.ctypes.data, n, k, rows.data_ptr(),
+    rc = lib.tq_matmul(type_id(type_name), blocks.ctypes.data, n, k, rows.data_ptr(),
                        rows.shape[0], y.data_ptr(), None if bias is None else bias.data_ptr(),
                        _threads(threads), bits, prompt_rows)
     if rc != 0:
@@ -349,7 +377,9 @@ class NativeLayers:
     """
 
     def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor,
-                 prompt_rows: int, build: str | None = None):
+                 prompt_rows: int, build: str | None = None, repacked: bool = True):
+        # repacked: the kernels' own layouts where they have one (`repack`; False: the GGUF
+        # blocks for every product, as kernels without those layouts read them)
         self.build = build  # a VARIANTS name, None: this CPU's
         self._keep: list[object] = [cos, sin]
         self._layers = (_Layer * len(layers))()
@@ -365,9 +395,15 @@ class NativeLayers:
             for field, attr in LAYER_LINEARS.items():
                 lin = getattr(blk, attr)
                 self._keep.append(lin)
+                type_name, blocks = lin.type_name, lin.blocks
+                packed = repacked and repack(type_name, blocks, lin.out_features,
+                                             lin.in_features, lin.bits)
+                if packed:  # the kernels' own layout (same bits in every build)
+                    type_name, blocks = packed
+                    self._keep.append(blocks)
                 setattr(lay, field, _Linear(
-                    KERNEL_TYPES[lin.type_name], lin.out_features, lin.in_features,
-                    lin.blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr(),
+                    type_id(type_name), lin.out_features, lin.in_features,
+                    blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr(),
                     lin.bits))
         self._model = _Model(
             n_layers=len(layers), dim=args.dim, n_heads=args.n_heads,

@@ -31,7 +31,8 @@ void tq_scratch_free(tq_scratch *s) {
 }
 
 int tq_matmul_check(int type, int64_t K, int bits) {
-    return block_bytes(type) != 0 && K % block_weights(type) == 0 && (bits == 8 || bits == 16);
+    return block_bytes(type) != 0 && K % block_weights(type) == 0 &&
+           (bits == 8 || (bits == 16 && type != T_Q4_KX));
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
@@ -89,7 +90,7 @@ static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
 void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
                       const tq_scratch *const *s, const float *x, const tq_pre *pre,
                       int64_t M, int64_t prompt_rows) {
-    enum { GEMM, DECODE, SHARE };
+    enum { GEMM, DECODE, SHARE, XPROMPT };
     int mode[TQ_MAX_PRODUCTS] = {0};
     int64_t rbs[TQ_MAX_PRODUCTS] = {0}, left = 0; /* row bytes; decode bytes in all */
     /* chunks: product j's are first[j]..first[j + 1] - 1; a decode chunk's first row is
@@ -101,7 +102,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
     for (int j = 0; j < n; j++) {
         const int type = (int)l[j]->type;
         rbs[j] = l[j]->K / block_weights(type) * block_bytes(type);
-        if (M >= prompt_rows && gemm_type(type)) {
+        if (type == T_Q4_KX && M > MR) { /* chunks of GCH rows (16-row groups), as free */
+            mode[j] = XPROMPT;
+        } else if (M >= prompt_rows && gemm_type(type)) {
             /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
              * a thread slowed by another process (a shared machine) leaves its work to the
              * others instead of holding up the pass at the barrier */
@@ -116,12 +119,14 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
     int64_t nd = 0;
     for (int j = 0; j < n; j++) {
         const int64_t N = l[j]->N;
-        int64_t count = mode[j] == GEMM ? (N + GCH - 1) / GCH : 0;
+        int64_t count = mode[j] == GEMM || mode[j] == XPROMPT ? (N + GCH - 1) / GCH : 0;
         dfirst[j] = nd;
         for (int64_t r0 = 0; mode[j] == DECODE && r0 < N; count++) {
             int64_t cb = left / (DCH_GUIDE * nt), rows;
             cb = cb > DCH_MAX ? DCH_MAX : cb < DCH_MIN ? DCH_MIN : cb;
             rows = nd >= DCH_TABLE ? N - r0 : rbs[j] >= cb ? 1 : cb / rbs[j];
+            if (type_x(l[j]->type)) /* whole 16-row groups */
+                rows = (rows + 15) / 16 * 16;
             rows = rows < N - r0 ? rows : N - r0;
             start[nd++] = r0;
             r0 += rows;
@@ -148,7 +153,10 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);
             in = pre->tmp;
         }
-        if (l[j]->bits == 16) { /* split 3: the AVX-512 row-by-row Q4_K/Q5_K kernel's order */
+        if (type == T_Q4_KX) {
+            quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
+                          s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
+        } else if (l[j]->bits == 16) { /* split 3: the AVX-512 row-by-row Q4_K/Q5_K kernel's order */
             quantize_row(in, K, qb,
                          type == T_Q4_K || type == T_Q5_K ? (TQ_AVX512 && mode[j] != GEMM ? 3 : 1) : 0,
                          (int16_t *)s[j]->xq + m * K, s[j]->xs + m * G, s[j]->xsum + m * G);
@@ -177,7 +185,13 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const tq_linear *L = l[j];
         const int type = (int)L->type, bits = (int)L->bits;
         const int64_t K = L->K, N = L->N, rb = rbs[j], i = c - first[j];
-        if (mode[j] == GEMM) {
+        if (type == T_Q4_KX) {
+            const int64_t r0 = mode[j] == XPROMPT ? i * GCH : start[dfirst[j] + i];
+            const int64_t r1 = mode[j] == XPROMPT ? (N < r0 + GCH ? N : r0 + GCH)
+                               : c + 1 < first[j + 1] ? start[dfirst[j] + i + 1] : N;
+            const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K, K / 32};
+            x_rows(L->W, rb, r0, r1, &A, M, y[j], N, L->bias);
+        } else if (mode[j] == GEMM) {
             const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,
                        s[j]->xsum, bits == 8 ? s[j]->bs : NULL, M, K, y[j], N, L->bias);

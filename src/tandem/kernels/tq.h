@@ -4,8 +4,9 @@
  * in __init__.py), plus a lane sum.
  *
  * Files: blocks.h (internal: block layouts and weight unpacking), activations.c (activation
- * rounding), rowdot16.c / rowdot8.c (the row-by-row kernels, int16 / int8 activations), gemm.c
- * (the prompt kernel), matmul.c (the OpenMP driver), dequant.c, forward.c (decoder layers). */
+ * rounding), rowdot16.c / rowdot8.c (the row-by-row kernels, int16 / int8 activations),
+ * rowdotx.c (int8 Q4_K repacked in 16-row groups: every row count), gemm.c (the prompt kernel),
+ * matmul.c (the OpenMP driver), dequant.c, forward.c (decoder layers). */
 #ifndef TQ_H
 #define TQ_H
 #include <immintrin.h>
@@ -38,6 +39,9 @@ int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, 
 void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
                     float *y, const float *bias, int bits, const tq_scratch *s,
                     int64_t prompt_rows);
+/* Q4_K rows (N % 16 == 0) into the 16-row groups of type 112 (rowdotx.c): dst as many bytes;
+ * 0, or -1 for N or K that do not fit */
+int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
 int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, int nthreads);
 
 /* ---- whole decoder layers (forward.c); mirrored by _Linear, _Layer, _Model in __init__.py -- */

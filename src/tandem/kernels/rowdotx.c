@@ -1,0 +1,296 @@
+/* Q4_K weights in 16-row groups (T_Q4_KX) against int8 activations: one layout and one set of
+ * integers for every build and every number of activation rows.
+ *
+ * The row-major kernels (rowdot8.c) keep eight integer lanes per weight row and take a float
+ * step per lane, per activation row, every 256 weights: with a few verification rows that step
+ * and the per-row scale products cost as much as the products themselves. Here the blocks of
+ * 16 weight rows are interleaved once, at load (tq_repack_q4kx), so that each 32-bit lane of
+ * a vector is one weight row: 4 weights of 16 rows are one vpdpbusd (AVX-512) against the
+ * activation's 4 bytes broadcast, each row's super-block sum is complete in its lane, and one
+ * float step serves 16 rows. Same size as the GGUF blocks (144 bytes per row and super-block).
+ *
+ * The arithmetic, per weight row r and activation row (the same in every build, so the bits
+ * are): S = sum_j sc_j * sum_{i in sub-block j} q_i x8_i and M = sum_j mn_j * sum_{i in j} x8_i,
+ * exact in int32 (|S| <= 8 * 63 * 32 * 15 * 127 < 2^25); then y = fma(float(S), d * xs, y) and
+ * y = fma(float(M), -dmin * xs, y) per super-block in order, xs the activations' scale; last
+ * y + bias. AVX2 computes the same integers with maddubs (pairs) + madd (the scale on both
+ * words of a lane), AVX-512 with vpdpbusd + vpdpwssd (the scale in the low word).
+ *
+ * A 16-row group's super-block (2304 bytes):
+ *   [0, 32)     d, f16, rows 0..15          [32, 64)   dmin, f16
+ *   [64, 192)   L[j][r] = (sc_j & 15) | (mn_j & 15) << 4, sub-block j = 0..7
+ *   [192, 256)  H[t][r] = sc_2t >> 4 | (sc_2t+1 >> 4) << 2 | (mn_2t >> 4) << 4 | (mn_2t+1 >> 4) << 6
+ *   [256, 2304) the quants: vector (j, p) (p = 0..3) at 256 + 64 (4j + p), byte 4r + i:
+ *               q[32j + 4p + i] in the low nibble, q[32j + 16 + 4p + i] in the high one
+ * Group g's super-block sb is at (g * nsb + sb) * 2304: a group is 16 rows' bytes, in place of
+ * those rows. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "blocks.h"
+
+#define XB 2304 /* bytes of a group's super-block */
+/* Prefetch PF_BYTES ahead, a sub-block's four lines at a time: one burst of a super-block's 36
+ * lines (PF_BLOCK) left 5 rows x 49152 x 1536 from memory at 2.5-4.1 ms, spread 2.2-2.6 ms
+ * (the row-major kernel 2.9-3.2; experiments/kernel_bench.c, Zen 4, 2 threads) */
+#define XPF PF_BYTES
+
+/* The GGUF Q4_K rows (N % 16 == 0, row_bytes each) into the layout above (dst: as many bytes).
+ * Returns 0, or -1 when N is not a multiple of 16 or K of 256. */
+int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
+    if (N % 16 || K % 256 || N <= 0)
+        return -1;
+    const int64_t nsb = K / 256, rb = nsb * 144;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 16; g++)
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            uint8_t *o = dst + (g * nsb + sb) * XB;
+            memset(o, 0, XB);
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *b = src + (16 * g + r) * rb + sb * 144, *s = b + 4, *qs = b + 16;
+                memcpy(o + 2 * r, b, 2);
+                memcpy(o + 32 + 2 * r, b + 2, 2);
+                uint8_t sc[8], mn[8];
+                for (int j = 0; j < 4; j++) {
+                    sc[j] = s[j] & 63;
+                    mn[j] = s[j + 4] & 63;
+                    sc[j + 4] = (s[j + 8] & 15) | (s[j] >> 6) << 4;
+                    mn[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
+                }
+                for (int j = 0; j < 8; j++)
+                    o[64 + 16 * j + r] = (sc[j] & 15) | (mn[j] & 15) << 4;
+                for (int t = 0; t < 4; t++)
+                    o[192 + 16 * t + r] = (sc[2 * t] >> 4) | (sc[2 * t + 1] >> 4) << 2 |
+                                          (mn[2 * t] >> 4) << 4 | (mn[2 * t + 1] >> 4) << 6;
+                uint8_t q[256]; /* weight w: chunk c = w / 64, byte 32c + w % 32, nibble by bit 5 */
+                for (int w = 0; w < 256; w++)
+                    q[w] = (qs[32 * (w / 64) + w % 32] >> (w % 64 >= 32 ? 4 : 0)) & 15;
+                for (int j = 0; j < 8; j++)
+                    for (int p = 0; p < 4; p++)
+                        for (int i = 0; i < 4; i++)
+                            o[256 + 64 * (4 * j + p) + 4 * r + i] =
+                                q[32 * j + 4 * p + i] | q[32 * j + 16 + 4 * p + i] << 4;
+            }
+        }
+    return 0;
+}
+
+static inline int32_t load32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* the four dwords (b_2t | b_2t+1 << 16), t = 0..3, of one super-block's 32-group sums b_j of the
+ * int8 activations (from the 16 per-16 sums at bs) */
+static inline void group_pairs(const int16_t *bs, int32_t out[4]) {
+    const __m256i b8 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs),
+                                         _mm256_set1_epi16(1)); /* b_0..b_7 */
+    int32_t b[8];
+    _mm256_storeu_si256((__m256i *)b, b8);
+    for (int t = 0; t < 4; t++)
+        out[t] = (int32_t)(((uint32_t)b[2 * t] & 0xFFFF) | (uint32_t)b[2 * t + 1] << 16);
+}
+
+#if TQ_AVX512
+/* 16 unsigned bytes -> 16 dwords, and 16 f16 -> 16 floats (SIMDe 0.7.4 has neither at 512 bits:
+ * two 256-bit halves, the same values) */
+static inline __m512i u8_epi32(const uint8_t *p) {
+#ifdef TQ_SIMDE
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(b)),
+                              _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), 1);
+#else
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+
+static inline __m512 f16_ps(const uint8_t *p) {
+#ifdef TQ_SIMDE
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
+                                               _mm256_castps_pd(hi), 1));
+#else
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#endif
+}
+
+/* the byte vectors sc_j (j = 0..3 or 4..7 as 128-bit lanes) from L (four L[j]) and H (four H[t]) */
+static inline __m512i x_scales(__m512i L, __m512i Hx, __m512i sh, int mins) {
+    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3);
+    const __m512i lo = mins ? _mm512_and_si512(_mm512_srli_epi16(L, 4), m4) : _mm512_and_si512(L, m4);
+    const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(Hx, sh), m3);
+    return _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+}
+
+/* One 16-row group (its first super-block at w) against activation rows [0, mr): y[m][r] */
+static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+    __m512 acc[MR];
+    for (int m = 0; m < mr; m++)
+        acc[m] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15);
+    /* per 128-bit lane: H[t] of sub-blocks 2t (shift 0) and 2t + 1 (shift 2); +4: the mins */
+    const __m512i sh = _mm512_set_epi64(0x0002000200020002LL, 0x0002000200020002LL, 0, 0,
+                                        0x0002000200020002LL, 0x0002000200020002LL, 0, 0);
+    const __m512i sh4 = _mm512_add_epi16(sh, _mm512_set1_epi16(4));
+    for (int64_t sb = 0; sb < nsb; sb++, w += XB) {
+        for (int pf = 0; pf < 256; pf += 64) /* the header's lines; each sub-block's below */
+            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        const __m512 d = f16_ps(w), dmin = f16_ps(w + 32);
+        const __m512i L0 = _mm512_loadu_si512((const void *)(w + 64));
+        const __m512i L1 = _mm512_loadu_si512((const void *)(w + 128));
+        const __m512i H = _mm512_loadu_si512((const void *)(w + 192));
+        const __m512i Hx = _mm512_shuffle_i32x4(H, H, 0x50), Hy = _mm512_shuffle_i32x4(H, H, 0xFA);
+        uint8_t scb[8][16], mnb[8][16]; /* sub-block j's 16 scales / mins */
+        _mm512_storeu_si512((void *)scb[0], x_scales(L0, Hx, sh, 0));
+        _mm512_storeu_si512((void *)scb[4], x_scales(L1, Hy, sh, 0));
+        _mm512_storeu_si512((void *)mnb[0], x_scales(L0, Hx, sh4, 1));
+        _mm512_storeu_si512((void *)mnb[4], x_scales(L1, Hy, sh4, 1));
+        __m512i mnp[4]; /* dword r: mn_2t | mn_2t+1 << 16 */
+        for (int t = 0; t < 4; t++)
+            mnp[t] = _mm512_or_si512(u8_epi32(mnb[2 * t]), _mm512_slli_epi32(u8_epi32(mnb[2 * t + 1]), 16));
+        __m512i S[MR];
+        for (int m = 0; m < mr; m++)
+            S[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            for (int pf = 0; pf < 256; pf += 64)
+                _mm_prefetch((const char *)w + XPF + 256 + 256 * j + pf, _MM_HINT_T0);
+            const __m512i sc = u8_epi32(scb[j]);
+            __m512i lo[4], hi[4];
+            for (int p = 0; p < 4; p++) {
+                const __m512i P = _mm512_loadu_si512((const void *)(w + 256 + 64 * (4 * j + p)));
+                lo[p] = _mm512_and_si512(P, m4);
+                hi[p] = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
+            }
+            for (int m = 0; m < mr; m++) {
+                const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j;
+                __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(load32(x)));
+                for (int p = 1; p < 4; p++)
+                    t = _mm512_dpbusd_epi32(t, lo[p], _mm512_set1_epi32(load32(x + 4 * p)));
+                S[m] = _mm512_dpwssd_epi32(S[m], t, sc);
+                t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(load32(x + 16)));
+                for (int p = 1; p < 4; p++)
+                    t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
+                S[m] = _mm512_dpwssd_epi32(S[m], t, sc);
+            }
+        }
+        for (int m = 0; m < mr; m++) {
+            int32_t bp[4];
+            group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp);
+            __m512i M = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++)
+                M = _mm512_dpwssd_epi32(M, mnp[t], _mm512_set1_epi32(bp[t]));
+            const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb]);
+            acc[m] = _mm512_fmadd_ps(cvt512_ps(S[m]), _mm512_mul_ps(d, xs), acc[m]);
+            acc[m] = _mm512_fmadd_ps(cvt512_ps(M), _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin), xs),
+                                     acc[m]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        _mm512_storeu_ps(y[m], acc[m]);
+}
+#else
+#define XRB 4 /* activation rows per pass over a super-block (16 vector registers) */
+
+/* the 8 scales (or mins) of sub-block j for rows 8h..8h + 7 as dwords */
+static inline __m256i x_scales8(const uint8_t *w, int j, int h, int mins) {
+    const __m128i L = _mm_loadl_epi64((const __m128i *)(w + 64 + 16 * j + 8 * h));
+    const __m128i H = _mm_loadl_epi64((const __m128i *)(w + 192 + 16 * (j / 2) + 8 * h));
+    const __m128i m4 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+    const __m128i lo = mins ? _mm_and_si128(_mm_srli_epi16(L, 4), m4) : _mm_and_si128(L, m4);
+    const __m128i hb = _mm_and_si128(_mm_srl_epi16(H, _mm_cvtsi32_si128(2 * (j % 2) + 4 * mins)), m3);
+    return _mm256_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)));
+}
+
+static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < mr; m++)
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t sb = 0; sb < nsb; sb++, w += XB) {
+        for (int pf = 0; pf < 256; pf += 64)
+            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        int32_t bp[MR][4];
+        for (int m = 0; m < mr; m++)
+            group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp[m]);
+        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16 * h)));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 32 + 16 * h)));
+            __m256i sc[8], mnp[4];
+            for (int j = 0; j < 8; j++) { /* the scale on both words of a lane */
+                const __m256i s = x_scales8(w, j, h, 0);
+                sc[j] = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+            }
+            for (int t = 0; t < 4; t++)
+                mnp[t] = _mm256_or_si256(x_scales8(w, 2 * t, h, 1),
+                                         _mm256_slli_epi32(x_scales8(w, 2 * t + 1, h, 1), 16));
+            for (int m0 = 0; m0 < mr; m0 += XRB) {
+                const int me = mr < m0 + XRB ? mr : m0 + XRB;
+                __m256i S[XRB];
+                for (int m = m0; m < me; m++)
+                    S[m - m0] = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    if (h == 0 && m0 == 0)
+                        for (int pf = 0; pf < 256; pf += 64)
+                            _mm_prefetch((const char *)w + XPF + 256 + 256 * j + pf, _MM_HINT_T0);
+                    for (int half = 0; half < 2; half++) {
+                        __m256i q[4];
+                        for (int p = 0; p < 4; p++) {
+                            const __m256i P = _mm256_loadu_si256(
+                                (const __m256i *)(w + 256 + 64 * (4 * j + p) + 32 * h));
+                            q[p] = half ? _mm256_and_si256(_mm256_srli_epi16(P, 4), m4)
+                                        : _mm256_and_si256(P, m4);
+                        }
+                        for (int m = m0; m < me; m++) {
+                            const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * half;
+                            __m256i t = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(load32(x)));
+                            for (int p = 1; p < 4; p++)
+                                t = _mm256_add_epi16(t, _mm256_maddubs_epi16(
+                                                            q[p], _mm256_set1_epi32(load32(x + 4 * p))));
+                            S[m - m0] = _mm256_add_epi32(S[m - m0], _mm256_madd_epi16(t, sc[j]));
+                        }
+                    }
+                }
+                for (int m = m0; m < me; m++) {
+                    __m256i M = _mm256_setzero_si256();
+                    for (int t = 0; t < 4; t++)
+                        M = _mm256_add_epi32(M, _mm256_madd_epi16(mnp[t], _mm256_set1_epi32(bp[m][t])));
+                    const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb]);
+                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m - m0]), _mm256_mul_ps(d, xs),
+                                                acc[m][h]);
+                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M),
+                                                _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), xs),
+                                                acc[m][h]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++) {
+        _mm256_storeu_ps(y[m], acc[m][0]);
+        _mm256_storeu_ps(y[m] + 8, acc[m][1]);
+    }
+}
+#endif
+
+/* Weight rows [n0, n1) (multiples of 16; W the repacked tensor, rb = K / 256 * 144 bytes per
+ * row) against the M activation rows of A: y = dot + bias. Activation rows in blocks of MR per
+ * pass over a group, whose bytes (16 rows) then stay in cache for the next block. */
+void x_rows(const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A, int64_t M,
+            float *y, int64_t N, const float *bias) {
+    const int64_t nsb = A->K / 256;
+    float out[MR][16];
+    for (int64_t n = n0; n < n1; n += 16) {
+        const uint8_t *w = W + n * rb;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            acts8_t B = {A->q + m0 * A->K, A->s + m0 * A->G, A->sum + m0 * A->G,
+                         A->bs + m0 * (A->K / 16), A->K, A->G};
+            group_rows(w, nsb, &B, mr, out);
+            for (int m = 0; m < mr; m++)
+                for (int r = 0; r < 16; r++)
+                    y[(m0 + m) * N + n + r] = out[m][r] + (bias ? bias[n + r] : 0.f);
+        }
+    }
+}
