@@ -302,7 +302,9 @@ def test_kernel_build_is_chosen_by_the_config():
     assert out.returncode != 0 and "'avx1024' (TANDEM_KERNEL_BUILD) is not one of avx2" in out.stderr
 
 
-# ---- Q4_K in 16-row groups (rowdotx.c) -----------------------------------------------------
+# ---- Q4_K and Q6_K in 16-row groups (rowdotx.c) --------------------------------------------
+
+REPACKED = [QT.Q4_K, QT.Q6_K]
 
 
 def _rounded8(x: torch.Tensor) -> torch.Tensor:
@@ -312,37 +314,40 @@ def _rounded8(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb * (127 / amax)) * (amax / 127)).view(x.shape)
 
 
+@pytest.mark.parametrize("qtype", REPACKED)
 @pytest.mark.parametrize("m", [1, 5, 10, 11, 37])
-def test_repacked_q4k_is_the_product_of_rounded_activations(m):
-    """Int8 Q4_K products read their weights from 16-row groups made at load (kernels.repack):
-    each row's super-block sums complete in one lane, one float step for 16 rows. The result is
-    still the product of the rounded activations with the exact weights, up to float32
-    summation, with a bias; decode and verification rows (<= 10) and prompt rows alike."""
+def test_repacked_is_the_product_of_rounded_activations(qtype, m):
+    """Int8 Q4_K and Q6_K products read their weights from 16-row groups made on first use
+    (kernels.repack): each row's super-block sums complete in one lane, one float step for 16
+    rows. The result is still the product of the rounded activations with the exact weights,
+    up to float32 summation, with a bias; decode and verification rows (<= 10) and prompt rows
+    alike."""
     n, k = 80, 2304
-    raw = _tensor(QT.Q4_K, n, k, seed=m)
-    kind, packed = kernels.repack("Q4_K", raw.data, n, k, 8)
-    assert kind == "Q4_Kx16" and packed.shape == raw.data.shape
+    raw = _tensor(qtype, n, k, seed=m)
+    kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
+    assert kind == f"{qtype.name}x16" and packed.shape == raw.data.shape
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     x[:, 9] *= 30
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1))
-    w = torch.from_numpy(gguf_quants.dequantize(raw.data, QT.Q4_K).reshape(n, k)).double()
+    w = torch.from_numpy(gguf_quants.dequantize(raw.data, qtype).reshape(n, k)).double()
     rounded = _rounded8(x)
     want = rounded @ w.T + bias.double()
     got = kernels.matmul(kind, packed, n, k, x, bias, bits=8, threads=2).double()
     assert (got - want).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
     # the GGUF blocks' kernels: the same values to float32 summation, in another order
-    plain = kernels.matmul("Q4_K", raw.data, n, k, x, bias, bits=8, threads=2).double()
+    plain = kernels.matmul(qtype.name, raw.data, n, k, x, bias, bits=8, threads=2).double()
     assert (got - plain).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
 
 
-def test_repacked_rows_are_batch_invariant_in_every_build(kernel_build):
+@pytest.mark.parametrize("qtype", REPACKED)
+def test_repacked_rows_are_batch_invariant_in_every_build(kernel_build, qtype):
     """Row i of any product of the 16-row groups equals its 1-row product bit for bit, for 1 to
     3 threads (chunks of 32 weight rows handed out as threads come free: the last 16 rows
     alone), row-by-row counts and prompt counts; and the AVX2 build (maddubs, madd) gives the
     AVX-512 build's (vpdpbusd, vpdpwssd) integers and float steps: the same bits."""
     n, k, m = 80, 1536, 23
-    raw = _tensor(QT.Q4_K, n, k, seed=3)
-    kind, packed = kernels.repack("Q4_K", raw.data, n, k, 8)
+    raw = _tensor(qtype, n, k, seed=3)
+    kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4)) * 3
     bias = torch.randn(n, generator=torch.Generator().manual_seed(5))
     full = kernels.matmul(kind, packed, n, k, x, bias, bits=8, threads=2, build="avx2")
@@ -356,14 +361,30 @@ def test_repacked_rows_are_batch_invariant_in_every_build(kernel_build):
                 assert torch.equal(got, full[rows]), (build, t, rows)
 
 
+@pytest.mark.parametrize("qtype", REPACKED)
+def test_any_rows_repacked_give_those_rows_bits(qtype):
+    """A row's result does not depend on the rows in its group: a linear of some of a matrix's
+    rows (the draft's vocabulary shortlist: a prefix and a few copied rows, padded with zero
+    rows to a whole group) gives exactly the full product's values at those rows."""
+    n, k = 64, 512
+    full = GGUFLinear(_tensor(qtype, n, k, seed=2), bits=8)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(6))
+    want = full(x)
+    assert full.kernel_blocks()[0] == f"{qtype.name}x16"
+    for idx in (slice(0, 16), slice(0, 21), [40, 3, 63]):
+        part = full.rows(idx)
+        assert torch.equal(part(x), want[:, idx]), idx
+
+
 def test_repack_takes_what_its_kernels_compute():
-    """Only int8 Q4_K products with whole 16-row groups are repacked; the kernels refuse int16
-    activations for the repacked type (they exist for int8 only), naming the call."""
+    """Only int8 Q4_K / Q6_K products are repacked (a partial group padded with zero rows); the
+    kernels refuse int16 activations for the repacked types (they exist for int8 only),
+    naming the call."""
     raw = _tensor(QT.Q4_K, 48, 512)
     assert kernels.repack("Q4_K", raw.data, 48, 512, 16) is None
-    assert kernels.repack("Q6_K", _tensor(QT.Q6_K, 48, 512).data, 48, 512, 8) is None
-    odd = _tensor(QT.Q4_K, 40, 512)
-    assert kernels.repack("Q4_K", odd.data, 40, 512, 8) is None
+    assert kernels.repack("Q5_K", _tensor(QT.Q5_K, 48, 512).data, 48, 512, 8) is None
+    kind, odd = kernels.repack("Q4_K", _tensor(QT.Q4_K, 40, 512).data, 40, 512, 8)
+    assert odd.shape == (48, 2 * 144)  # 40 rows and 8 zero rows in whole groups
     kind, packed = kernels.repack("Q4_K", raw.data, 48, 512, 8)
     with pytest.raises(TandemError, match="Q4_Kx16, N=48, K=512"):
         kernels.matmul(kind, packed, 48, 512, torch.randn(2, 512), bits=16)

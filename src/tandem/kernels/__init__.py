@@ -195,8 +195,8 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, i64]
     lib.tq_matmul.restype = c_int
-    lib.tq_repack_q4kx.argtypes = [ptr, i64, i64, ptr]
-    lib.tq_repack_q4kx.restype = c_int
+    for fn in (lib.tq_repack_q4kx, lib.tq_repack_q6kx):
+        fn.argtypes, fn.restype = [ptr, i64, i64, ptr], c_int
     lib.tq_dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
     lib.tq_dequantize.restype = c_int
     lib.tq_block_bytes.argtypes = [c_int]
@@ -275,24 +275,30 @@ def _threads(n: int) -> int:
     return min(n, _thread_cap) if _thread_cap else n
 
 
-# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K in groups of
-# 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
-REPACKED_TYPES = {"Q4_Kx16": 112}
-REPACK_FROM = {"Q4_K": "Q4_Kx16"}
+# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K and Q6_K in
+# groups of 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
+REPACKED_TYPES = {"Q4_Kx16": 112, "Q6_Kx16": 114}
+REPACK_FROM = {"Q4_K": "Q4_Kx16", "Q6_K": "Q6_Kx16"}
 
 
 def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
     """(type, blocks) of the kernels' faster layout for a linear of GGUF blocks whose activations
     are rounded to `bits`, or None where it has none (then the GGUF blocks are used in place).
-    Q4_K with int8 activations and N a multiple of 16: rowdotx.c's 16-row groups (a copy of the
-    same size: the file's pages are then no longer read)."""
-    if type_name not in REPACK_FROM or bits != 8 or n % 16 or k % 256:
+    Q4_K and Q6_K with int8 activations: rowdotx.c's 16-row groups (a copy of the same size:
+    the file's pages are then no longer read); N not a multiple of 16 gets zero rows after its
+    own (the caller keeps the first N outputs). A row's result does not depend on the rows
+    grouped with it, so any subset of a matrix's rows repacked gives those rows' bits."""
+    if type_name not in REPACK_FROM or bits != 8 or k % 256:
         return None
     lib = _lib_or_raise()
     src = np.ascontiguousarray(blocks)
+    if n % 16:
+        src = np.concatenate([src, np.zeros((16 - n % 16, src.shape[1]), np.uint8)])
+        n = len(src)
     out = np.empty_like(src)
-    if lib.tq_repack_q4kx(src.ctypes.data, n, k, out.ctypes.data) != 0:
-        raise TandemError(f"tq_repack_q4kx(N={n}, K={k}) failed")
+    fn = lib.tq_repack_q4kx if type_name == "Q4_K" else lib.tq_repack_q6kx
+    if fn(src.ctypes.data, n, k, out.ctypes.data) != 0:
+        raise TandemError(f"repacking {type_name} (N={n}, K={k}) failed")
     return REPACK_FROM[type_name], out
 
 
@@ -395,12 +401,12 @@ class NativeLayers:
             for field, attr in LAYER_LINEARS.items():
                 lin = getattr(blk, attr)
                 self._keep.append(lin)
-                type_name, blocks = lin.type_name, lin.blocks
-                packed = repacked and repack(type_name, blocks, lin.out_features,
-                                             lin.in_features, lin.bits)
-                if packed:  # the kernels' own layout (same bits in every build)
-                    type_name, blocks = packed
-                    self._keep.append(blocks)
+                # the kernels' own layout where they have one (same bits in every build)
+                type_name, blocks = (lin.kernel_blocks() if repacked
+                                     else (lin.type_name, lin.blocks))
+                if len(blocks) != lin.out_features:  # padded to whole groups: N is the layer's
+                    type_name, blocks = lin.type_name, lin.blocks
+                self._keep.append(blocks)
                 setattr(lay, field, _Linear(
                     type_id(type_name), lin.out_features, lin.in_features,
                     blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr(),
@@ -427,7 +433,7 @@ class NativeLayers:
         for blk in layers:
             for attr in LAYER_LINEARS.values():
                 lin = getattr(blk, attr)
-                if getattr(lin, "type_name", None) not in KERNEL_TYPES or not hasattr(lin, "blocks"):
+                if getattr(lin, "type_name", None) not in KERNEL_TYPES or not hasattr(lin, "kernel_blocks"):
                     return None
         return cls(args, layers, cos, sin, prompt_rows)
 

@@ -95,8 +95,9 @@ static inline __m256i fold512(__m512i s) {
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,  /* ggml type ids */
-       T_Q4_KX = 112 /* Q4_K in 16-row groups (rowdotx.c), int8 activations only */ };
-static inline int type_x(int64_t type) { return type == T_Q4_KX; }
+       /* Q4_K and Q6_K in 16-row groups (rowdotx.c), int8 activations only */
+       T_Q4_KX = 112, T_Q6_KX = 114 };
+static inline int type_x(int64_t type) { return type == T_Q4_KX || type == T_Q6_KX; }
 
 /* The row-by-row loops prefetch the weight bytes PF_BYTES ahead of the row they compute.
  * Decoding streams every weight from memory once, and with the hardware prefetcher alone each
@@ -138,6 +139,7 @@ static inline int64_t block_bytes(int type) {
     case T_Q8_0: return 34;
     case T_Q4_K: return 144;
     case T_Q4_KX: return 144; /* per row; a 16-row group's super-block is 16 x 144 bytes */
+    case T_Q6_KX: return 210;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
     }
@@ -400,9 +402,9 @@ extern TQ_HIDDEN void (*const ROW_DOTS[MR + 1])(int, const uint8_t *, int64_t, i
 extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
                                                  const acts8_t *, float *, int64_t, const float *);
 
-/* rowdotx.c: weight rows [n0, n1) of a T_Q4_KX tensor (multiples of 16) against M int8
- * activation rows (quantize_row8, pairs 0): y = dot + bias, the same bits in every build */
-TQ_HIDDEN void x_rows(const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
+/* rowdotx.c: weight rows [n0, n1) of a T_Q4_KX / T_Q6_KX tensor (multiples of 16) against M
+ * int8 activation rows (quantize_row8, pairs 0): y = dot + bias, the same bits in every build */
+TQ_HIDDEN void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
                       int64_t M, float *y, int64_t N, const float *bias);
 
 /* ---- the prompt kernel (gemm.c) --------------------------------------------------------- */

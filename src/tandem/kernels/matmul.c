@@ -32,7 +32,7 @@ void tq_scratch_free(tq_scratch *s) {
 
 int tq_matmul_check(int type, int64_t K, int bits) {
     return block_bytes(type) != 0 && K % block_weights(type) == 0 &&
-           (bits == 8 || (bits == 16 && type != T_Q4_KX));
+           (bits == 8 || (bits == 16 && !type_x(type)));
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
@@ -102,7 +102,7 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
     for (int j = 0; j < n; j++) {
         const int type = (int)l[j]->type;
         rbs[j] = l[j]->K / block_weights(type) * block_bytes(type);
-        if (type == T_Q4_KX && M > MR) { /* chunks of GCH rows (16-row groups), as free */
+        if (type_x(type) && M > MR) { /* chunks of GCH rows (16-row groups), as free */
             mode[j] = XPROMPT;
         } else if (M >= prompt_rows && gemm_type(type)) {
             /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
@@ -153,7 +153,7 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);
             in = pre->tmp;
         }
-        if (type == T_Q4_KX) {
+        if (type_x(type)) {
             quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
         } else if (l[j]->bits == 16) { /* split 3: the AVX-512 row-by-row Q4_K/Q5_K kernel's order */
@@ -185,12 +185,12 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const tq_linear *L = l[j];
         const int type = (int)L->type, bits = (int)L->bits;
         const int64_t K = L->K, N = L->N, rb = rbs[j], i = c - first[j];
-        if (type == T_Q4_KX) {
+        if (type_x(type)) {
             const int64_t r0 = mode[j] == XPROMPT ? i * GCH : start[dfirst[j] + i];
             const int64_t r1 = mode[j] == XPROMPT ? (N < r0 + GCH ? N : r0 + GCH)
                                : c + 1 < first[j + 1] ? start[dfirst[j] + i + 1] : N;
             const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K, K / 32};
-            x_rows(L->W, rb, r0, r1, &A, M, y[j], N, L->bias);
+            x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias);
         } else if (mode[j] == GEMM) {
             const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,

@@ -76,6 +76,57 @@ int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
     return 0;
 }
 
+/* Q6_K in 16-row groups (T_Q6_KX), a group's super-block in 3360 bytes (16 x 210):
+ *   [0, 32)       d, f16, rows 0..15
+ *   [32, 288)     sc[k][r], int8, the 16-weight group k = 0..15
+ *   [288, 2336)   the low four bits: vector (j, p) at 288 + 64 (4j + p), byte 4r + i:
+ *                 q[32j + 4p + i] & 15 | (q[32j + 16 + 4p + i] & 15) << 4
+ *   [2336, 3360)  the high two bits: vector (j, h) at 2336 + 64 (2j + h), byte 4r + i: bits 2p,
+ *                 2p + 1 the high bits of q[32j + 16h + 4p + i], p = 0..3
+ * q unsigned (0..63); the weight is d * sc * (q - 32). */
+#define XB6 3360
+
+int tq_repack_q6kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
+    if (N % 16 || K % 256 || N <= 0)
+        return -1;
+    const int64_t nsb = K / 256, rb = nsb * 210;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 16; g++)
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            uint8_t *o = dst + (g * nsb + sb) * XB6;
+            memset(o, 0, XB6);
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *b = src + (16 * g + r) * rb + sb * 210;
+                memcpy(o + 2 * r, b + 208, 2);
+                for (int k = 0; k < 16; k++)
+                    o[32 + 16 * k + r] = b[192 + k];
+                uint8_t q[256];
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                    for (int l = 0; l < 32; l++) {
+                        q[128 * h + l] = (ql[l] & 15) | (qh[l] & 3) << 4;
+                        q[128 * h + l + 32] = (ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4;
+                        q[128 * h + l + 64] = (ql[l] >> 4) | (qh[l] >> 4 & 3) << 4;
+                        q[128 * h + l + 96] = (ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4;
+                    }
+                }
+                for (int j = 0; j < 8; j++)
+                    for (int i = 0; i < 4; i++) {
+                        for (int p = 0; p < 4; p++)
+                            o[288 + 64 * (4 * j + p) + 4 * r + i] =
+                                (q[32 * j + 4 * p + i] & 15) | (q[32 * j + 16 + 4 * p + i] & 15) << 4;
+                        for (int h = 0; h < 2; h++) {
+                            uint8_t v = 0;
+                            for (int p = 0; p < 4; p++)
+                                v |= (q[32 * j + 16 * h + 4 * p + i] >> 4) << 2 * p;
+                            o[2336 + 64 * (2 * j + h) + 4 * r + i] = v;
+                        }
+                    }
+            }
+        }
+    return 0;
+}
+
 static inline int32_t load32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -103,6 +154,16 @@ static inline __m512i u8_epi32(const uint8_t *p) {
                               _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), 1);
 #else
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+
+static inline __m512i i8_epi32(const uint8_t *p) { /* 16 signed bytes -> 16 dwords */
+#ifdef TQ_SIMDE
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(b)),
+                              _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)), 1);
+#else
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
 #endif
 }
 
@@ -191,6 +252,63 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
     for (int m = 0; m < mr; m++)
         _mm512_storeu_ps(y[m], acc[m]);
 }
+/* One 16-row Q6_K group against activation rows [0, mr): per 16-weight group k, T = sum q x
+ * (vpdpbusd, q unsigned), S += T * sc_k (vpmulld); then S - 32 sum_k sc_k b_k (b_k the group's
+ * activation sum, vpdpwssd on scale pairs) and one float step */
+static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+    __m512 acc[MR];
+    for (int m = 0; m < mr; m++)
+        acc[m] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3);
+    for (int64_t sb = 0; sb < nsb; sb++, w += XB6) {
+        for (int pf = 0; pf < 320; pf += 64) /* d, the scales, and each sub-block's lines below */
+            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        const __m512 d = f16_ps(w);
+        __m512i scp[8]; /* dword r: sc_2u | sc_2u+1 << 16 */
+        for (int u = 0; u < 8; u++)
+            scp[u] = _mm512_or_si512(_mm512_and_si512(i8_epi32(w + 32 + 32 * u), _mm512_set1_epi32(0xFFFF)),
+                                     _mm512_slli_epi32(i8_epi32(w + 48 + 32 * u), 16));
+        __m512i S[MR];
+        for (int m = 0; m < mr; m++)
+            S[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            for (int pf = 320; pf < 704; pf += 64) /* 6 of the 48 lines past the scales */
+                _mm_prefetch((const char *)w + XPF + pf + 384 * j, _MM_HINT_T0);
+            __m512i P[4];
+            for (int p = 0; p < 4; p++)
+                P[p] = _mm512_loadu_si512((const void *)(w + 288 + 64 * (4 * j + p)));
+            for (int h = 0; h < 2; h++) {
+                const __m512i Q = _mm512_loadu_si512((const void *)(w + 2336 + 64 * (2 * j + h)));
+                const __m512i sc = i8_epi32(w + 32 + 16 * (2 * j + h));
+                __m512i q[4];
+                for (int p = 0; p < 4; p++) {
+                    const __m512i lo = h ? _mm512_and_si512(_mm512_srli_epi16(P[p], 4), m4)
+                                         : _mm512_and_si512(P[p], m4);
+                    q[p] = _mm512_or_si512(lo, _mm512_slli_epi16(
+                                                   _mm512_and_si512(_mm512_srli_epi16(Q, 2 * p), m3), 4));
+                }
+                for (int m = 0; m < mr; m++) {
+                    const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * h;
+                    __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(load32(x)));
+                    for (int p = 1; p < 4; p++)
+                        t = _mm512_dpbusd_epi32(t, q[p], _mm512_set1_epi32(load32(x + 4 * p)));
+                    S[m] = _mm512_add_epi32(S[m], _mm512_mullo_epi32(t, sc));
+                }
+            }
+        }
+        for (int m = 0; m < mr; m++) {
+            const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
+            __m512i B = _mm512_setzero_si512();
+            for (int u = 0; u < 8; u++)
+                B = _mm512_dpwssd_epi32(B, scp[u], _mm512_set1_epi32(load32((const int8_t *)(bs + 2 * u))));
+            const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb]);
+            acc[m] = _mm512_fmadd_ps(cvt512_ps(_mm512_sub_epi32(S[m], _mm512_slli_epi32(B, 5))),
+                                     _mm512_mul_ps(d, xs), acc[m]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        _mm512_storeu_ps(y[m], acc[m]);
+}
 #else
 #define XRB 4 /* activation rows per pass over a super-block (16 vector registers) */
 
@@ -272,13 +390,80 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
         _mm256_storeu_ps(y[m] + 8, acc[m][1]);
     }
 }
+static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < mr; m++)
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    for (int64_t sb = 0; sb < nsb; sb++, w += XB6) {
+        for (int pf = 0; pf < 320; pf += 64)
+            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        for (int h8 = 0; h8 < 2; h8++) { /* rows 8 h8 .. 8 h8 + 7 */
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16 * h8)));
+            __m256i sc[16], scp[8];
+            for (int k = 0; k < 16; k++)
+                sc[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + 32 + 16 * k + 8 * h8)));
+            for (int u = 0; u < 8; u++)
+                scp[u] = _mm256_or_si256(_mm256_and_si256(sc[2 * u], _mm256_set1_epi32(0xFFFF)),
+                                         _mm256_slli_epi32(sc[2 * u + 1], 16));
+            for (int m0 = 0; m0 < mr; m0 += XRB) {
+                const int me = mr < m0 + XRB ? mr : m0 + XRB;
+                __m256i S[XRB];
+                for (int m = m0; m < me; m++)
+                    S[m - m0] = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    if (h8 == 0 && m0 == 0)
+                        for (int pf = 320; pf < 704; pf += 64)
+                            _mm_prefetch((const char *)w + XPF + pf + 384 * j, _MM_HINT_T0);
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i Q = _mm256_loadu_si256(
+                            (const __m256i *)(w + 2336 + 64 * (2 * j + h) + 32 * h8));
+                        __m256i q[4];
+                        for (int p = 0; p < 4; p++) {
+                            const __m256i P = _mm256_loadu_si256(
+                                (const __m256i *)(w + 288 + 64 * (4 * j + p) + 32 * h8));
+                            const __m256i lo = h ? _mm256_and_si256(_mm256_srli_epi16(P, 4), m4)
+                                                 : _mm256_and_si256(P, m4);
+                            q[p] = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(
+                                                           _mm256_srli_epi16(Q, 2 * p), m3), 4));
+                        }
+                        for (int m = m0; m < me; m++) {
+                            const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * h;
+                            __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                              q[0], _mm256_set1_epi32(load32(x))), ones);
+                            for (int p = 1; p < 4; p++)
+                                t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                            q[p], _mm256_set1_epi32(load32(x + 4 * p))), ones));
+                            S[m - m0] = _mm256_add_epi32(S[m - m0], _mm256_mullo_epi32(t, sc[2 * j + h]));
+                        }
+                    }
+                }
+                for (int m = m0; m < me; m++) {
+                    const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
+                    __m256i B = _mm256_setzero_si256();
+                    for (int u = 0; u < 8; u++)
+                        B = _mm256_add_epi32(B, _mm256_madd_epi16(
+                                                    scp[u], _mm256_set1_epi32(load32((const int8_t *)(bs + 2 * u)))));
+                    const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb]);
+                    acc[m][h8] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[m - m0], _mm256_slli_epi32(B, 5))),
+                        _mm256_mul_ps(d, xs), acc[m][h8]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++) {
+        _mm256_storeu_ps(y[m], acc[m][0]);
+        _mm256_storeu_ps(y[m] + 8, acc[m][1]);
+    }
+}
 #endif
 
 /* Weight rows [n0, n1) (multiples of 16; W the repacked tensor, rb = K / 256 * 144 bytes per
  * row) against the M activation rows of A: y = dot + bias. Activation rows in blocks of MR per
  * pass over a group, whose bytes (16 rows) then stay in cache for the next block. */
-void x_rows(const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A, int64_t M,
-            float *y, int64_t N, const float *bias) {
+void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
+            int64_t M, float *y, int64_t N, const float *bias) {
     const int64_t nsb = A->K / 256;
     float out[MR][16];
     for (int64_t n = n0; n < n1; n += 16) {
@@ -287,7 +472,10 @@ void x_rows(const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t 
             const int mr = M - m0 < MR ? (int)(M - m0) : MR;
             acts8_t B = {A->q + m0 * A->K, A->s + m0 * A->G, A->sum + m0 * A->G,
                          A->bs + m0 * (A->K / 16), A->K, A->G};
-            group_rows(w, nsb, &B, mr, out);
+            if (type == T_Q6_KX)
+                group_rows6(w, nsb, &B, mr, out);
+            else
+                group_rows(w, nsb, &B, mr, out);
             for (int m = 0; m < mr; m++)
                 for (int r = 0; r < 16; r++)
                     y[(m0 + m) * N + n + r] = out[m][r] + (bias ? bias[n + r] : 0.f);

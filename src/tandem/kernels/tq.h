@@ -42,6 +42,7 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
 /* Q4_K rows (N % 16 == 0) into the 16-row groups of type 112 (rowdotx.c): dst as many bytes;
  * 0, or -1 for N or K that do not fit */
 int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
+int tq_repack_q6kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst); /* type 114 */
 int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, int nthreads);
 
 /* ---- whole decoder layers (forward.c); mirrored by _Linear, _Layer, _Model in __init__.py -- */

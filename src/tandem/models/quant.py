@@ -252,8 +252,19 @@ class GGUFLinear(torch.nn.Module):
         self.type_name, self.raw = raw.type_name, raw
         self.bits, self.threads, self.prompt_rows = bits, threads, prompt_rows
         self.blocks = raw.data  # uint8 view of the file: (N, row bytes)
+        self._kernel_blocks: dict[int, tuple[str, np.ndarray]] = {}  # bits -> kernel_blocks()
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(),
                              persistent=False)
+
+    def kernel_blocks(self) -> tuple[str, np.ndarray]:
+        """(type, blocks) the kernels read for this product at self.bits: their own layout where
+        they have one (kernels.repack: int8 Q4_K / Q6_K in 16-row groups, made on first use and
+        shared by the PyTorch layers and the C layers), else the GGUF blocks in place."""
+        if self.bits not in self._kernel_blocks:
+            self._kernel_blocks[self.bits] = kernels.repack(
+                self.type_name, self.blocks, self.out_features, self.in_features, self.bits
+            ) or (self.type_name, self.blocks)
+        return self._kernel_blocks[self.bits]
 
     def weight_float(self) -> torch.Tensor:
         return kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features,
@@ -263,9 +274,15 @@ class GGUFLinear(torch.nn.Module):
         # rowwise: the kernels give each row the same bits whatever the number of rows
         if wide:
             return torch.nn.functional.linear(x.float(), self.weight_float(), self.bias).to(x.dtype)
-        y = kernels.matmul(self.type_name, self.blocks, self.out_features, self.in_features, x,
-                           self.bias, bits=self.bits, threads=self.threads,
-                           prompt_rows=self.prompt_rows)
+        type_name, blocks = self.kernel_blocks()
+        n = len(blocks)  # the layer's rows, or whole 16-row groups of them
+        bias = self.bias
+        if n != self.out_features and bias is not None:
+            bias = torch.cat([bias, bias.new_zeros(n - self.out_features)])
+        y = kernels.matmul(type_name, blocks, n, self.in_features, x, bias, bits=self.bits,
+                           threads=self.threads, prompt_rows=self.prompt_rows)
+        if n != self.out_features:
+            y = y[..., :self.out_features]
         return y.to(x.dtype)
 
     def rows(self, idx: slice | list[int]) -> GGUFLinear:
