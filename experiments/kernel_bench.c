@@ -54,11 +54,12 @@ int main(int argc, char **argv) {
     }
     const int threads = getenv("THREADS") ? atoi(getenv("THREADS")) : 1;
     const int64_t prompt_rows = getenv("PROMPT_ROWS") ? atoll(getenv("PROMPT_ROWS")) : 16;
+    const int ablock = getenv("ABLOCK") ? atoi(getenv("ABLOCK")) : 0; /* 64 / 128: types 112, 114 */
     double best = 1e9;
     for (int r = 0; r < 200; r++) {
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
-        if (tq_matmul(xtype, W, N, K, x, M, y, 0, threads, bits, prompt_rows) != 0) {
+        if (tq_matmul(xtype, W, N, K, x, M, y, 0, threads, bits, ablock, prompt_rows) != 0) {
             fprintf(stderr, "tq_matmul refused type %d, K %lld\n", type, (long long)K);
             return 1;
         }

@@ -41,7 +41,8 @@ CODE = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
 PROSE = Path("/usr/share/common-licenses/GPL-3")
 # label -> (activations, KV cache type); llama-perplexity's cache is f16, its default
 VARIANTS = {"tandem int16": ("int16", "f32"), "tandem int8": ("int8", "f32"),
-            "tandem mixed": ("mixed", "f32"), "tandem mixed, f16 cache": ("mixed", "f16")}
+            "tandem mixed": ("mixed", "f32"), "tandem int8-down64": ("int8-down64", "f32"),
+            "tandem int8-down64, f16 cache": ("int8-down64", "f16")}
 
 
 def build_text(chars: int) -> str:

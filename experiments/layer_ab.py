@@ -9,6 +9,7 @@ round medians, and the ratio of medians per round.
 
     python experiments/layer_ab.py --against HEAD --rows 1 9 --rounds 7 --calls 40
     python experiments/layer_ab.py --against HEAD --kv f16 f32 ...  # KV cache types of each
+    python experiments/layer_ab.py --activations int8-down64 mixed ...  # this tree, two roundings
 
 --kv gives the KV cache's type for this tree and for REV (f32 or f16; a revision from before
 the f16 cache takes f32 only). The struct layout (tq.h) must be the same at REV.
@@ -62,7 +63,10 @@ def build_rev(rev: str, out_dir: Path) -> tuple[ctypes.CDLL, bool]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default")
-    ap.add_argument("--against", required=True, metavar="REV")
+    ap.add_argument("--against", metavar="REV")
+    ap.add_argument("--activations", nargs=2, metavar=("A", "B"),
+                    help="instead of --against: this tree's layers with --activations A against "
+                         "B (the model loaded twice)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 9])
     ap.add_argument("--position", type=int, default=600, help="the first row's position")
     ap.add_argument("--rounds", type=int, default=7)
@@ -73,11 +77,16 @@ def main() -> None:
     ap.add_argument("--build", default="", choices=["", *kernels.VARIANTS],
                     help="the kernel build of both sides (default: this CPU's fastest)")
     a = ap.parse_args()
+    if (a.against is None) == (a.activations is None):
+        sys.exit("give --against REV or --activations A B")
     kernels.choose_build(a.build)
 
-    lm = load_model(a.model, Numerics(weights="native", activations="mixed", threads=a.threads,
-                                      kernel_build=a.build),
-                    max_len=a.position + max(a.rows) + 64)
+    def load(act: str):
+        return load_model(a.model, Numerics(weights="native", activations=act, threads=a.threads,
+                                            kernel_build=a.build),
+                          max_len=a.position + max(a.rows) + 64)
+
+    lm = load(a.activations[0] if a.activations else "mixed")
     model = lm.model
     args = model.args
     native = kernels.NativeLayers.from_model(args, list(model.layers), model.cos, model.sin)
@@ -94,16 +103,23 @@ def main() -> None:
     vc = torch.randn(shape, generator=g) * 0.5
     dtypes = {"f32": torch.float32, "f16": torch.float16}
     with tempfile.TemporaryDirectory(prefix="layer-ab-") as tmp:
-        rev, typed = build_rev(a.against, Path(tmp))
-        if a.kv[1] != "f32" and not typed:
-            sys.exit(f"{a.against}'s kernels take a float32 KV cache only")
-        # name -> (library, key cache, value cache, extra arguments: the cache types)
+        # name -> (library, key cache, value cache, extra arguments: the cache types, layers)
         libs = {}
-        for name, lib, t, takes_types in ((f"this tree {a.kv[0]}", here, a.kv[0], True),
-                                          (f"at {a.against} {a.kv[1]}", rev, a.kv[1], typed)):
-            types = [3 if t == "f16" else 0] if takes_types else []
-            libs[name] = (lib, kc.to(dtypes[t]), vc.to(dtypes[t]), types,
-                          native if lib is here else plain)
+        if a.activations:
+            mb = load(a.activations[1]).model
+            other = kernels.NativeLayers.from_model(args, list(mb.layers), mb.cos, mb.sin)
+            for (act, t), layers in zip(zip(a.activations, a.kv), (native, other)):
+                types = [3 if t == "f16" else 0]
+                libs[f"{act} {t}"] = (here, kc.to(dtypes[t]), vc.to(dtypes[t]), types, layers)
+        else:
+            rev, typed = build_rev(a.against, Path(tmp))
+            if a.kv[1] != "f32" and not typed:
+                sys.exit(f"{a.against}'s kernels take a float32 KV cache only")
+            for name, lib, t, takes_types in ((f"this tree {a.kv[0]}", here, a.kv[0], True),
+                                              (f"at {a.against} {a.kv[1]}", rev, a.kv[1], typed)):
+                types = [3 if t == "f16" else 0] if takes_types else []
+                libs[name] = (lib, kc.to(dtypes[t]), vc.to(dtypes[t]), types,
+                              native if lib is here else plain)
         cpu = next((ln.split(":", 1)[1].strip() for ln in
                     Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name")), platform.processor())
@@ -136,7 +152,7 @@ def main() -> None:
                 t = times[name]
                 print(f"  {name:>14}: median {statistics.median(t) * 1e3:.2f} ms "
                       f"(round medians {min(t) * 1e3:.2f}-{max(t) * 1e3:.2f})")
-            print(f"  speed-up of this tree, per round: median {statistics.median(ratios):.3f}x "
+            print(f"  speed-up of the first, per round: median {statistics.median(ratios):.3f}x "
                   f"({min(ratios):.3f}-{max(ratios):.3f})")
 
 

@@ -222,7 +222,7 @@ def test_a_wrong_ctypes_mirror_is_refused_naming_the_field(monkeypatch):
         assert msg is not None and all(w in msg for w in words), (msg, words)
     # a struct size alone (C padding the mirror lacks)
     padded = {**layout, "tq_linear": (0, layout["tq_linear"][1] + 8)}
-    assert "sizeof tq_linear is 56 in C but 48" in kernels._layout_error(padded)
+    assert "sizeof tq_linear is 64 in C but 56" in kernels._layout_error(padded)
     # and loading refuses the library: unusable, the reason says which field
     monkeypatch.setattr(kernels, "_MIRRORS", ((kernels._Linear, "tq_linear"),
                                               (kernels._Layer, "tq_layer"),
@@ -307,21 +307,26 @@ def test_kernel_build_is_chosen_by_the_config():
 REPACKED = [QT.Q4_K, QT.Q6_K]
 
 
-def _rounded8(x: torch.Tensor) -> torch.Tensor:
-    """x with each 256-value block rounded to its int8 grid (llama.cpp's Q8_K), float64."""
-    xb = x.double().view(x.shape[0], -1, 256)
+def _rounded8(x: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """x with each block of values rounded to its int8 grid (256: llama.cpp's Q8_K), float64;
+    the steps in float32 as quantize_row8 takes them (in float64 a value at x * 127 / amax
+    near a half rounds the other way now and then: one step of one activation)."""
+    xb = x.float().view(x.shape[0], -1, block)
     amax = xb.abs().amax(-1, keepdim=True)
-    return (torch.round(xb * (127 / amax)) * (amax / 127)).view(x.shape)
+    q = torch.round(xb * (torch.tensor(127.0) / amax))
+    return (q.double() * (amax / 127).double()).view(x.shape)
 
 
 @pytest.mark.parametrize("qtype", REPACKED)
 @pytest.mark.parametrize("m", [1, 5, 10, 11, 37])
-def test_repacked_is_the_product_of_rounded_activations(qtype, m):
+@pytest.mark.parametrize("ablock", [0, 32, 64, 128])
+def test_repacked_is_the_product_of_rounded_activations(qtype, m, ablock):
     """Int8 Q4_K and Q6_K products read their weights from 16-row groups made on first use
     (kernels.repack): each row's super-block sums complete in one lane, one float step for 16
-    rows. The result is still the product of the rounded activations with the exact weights,
-    up to float32 summation, with a bias; decode and verification rows (<= 10) and prompt rows
-    alike."""
+    rows and activation block. The result is still the product of the rounded activations
+    (per 256 values, or per `ablock`: a scale of their own for every 32, 64 or 128, finer steps
+    where a block holds an outlier) with the exact weights, up to float32 summation, with a
+    bias; decode and verification rows (<= 10) and prompt rows alike."""
     n, k = 80, 2304
     raw = _tensor(qtype, n, k, seed=m)
     kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
@@ -330,33 +335,44 @@ def test_repacked_is_the_product_of_rounded_activations(qtype, m):
     x[:, 9] *= 30
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1))
     w = torch.from_numpy(gguf_quants.dequantize(raw.data, qtype).reshape(n, k)).double()
-    rounded = _rounded8(x)
+    rounded = _rounded8(x, ablock or 256)
     want = rounded @ w.T + bias.double()
-    got = kernels.matmul(kind, packed, n, k, x, bias, bits=8, threads=2).double()
+    got = kernels.matmul(kind, packed, n, k, x, bias, bits=8, ablock=ablock, threads=2).double()
     assert (got - want).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
+    if ablock:  # an outlier in every 256 values: finer blocks are closer to the exact product
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        x[:, 9::256] *= 30
+        exact = x.double() @ w.T + bias.double()
+        fine, coarse = (kernels.matmul(kind, packed, n, k, x, bias, bits=8, ablock=b,
+                                       threads=2).double() for b in (ablock, 0))
+        assert (fine - exact).abs().mean() < (coarse - exact).abs().mean()
+        return
     # the GGUF blocks' kernels: the same values to float32 summation, in another order
     plain = kernels.matmul(qtype.name, raw.data, n, k, x, bias, bits=8, threads=2).double()
     assert (got - plain).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
 
 
 @pytest.mark.parametrize("qtype", REPACKED)
-def test_repacked_rows_are_batch_invariant_in_every_build(kernel_build, qtype):
+@pytest.mark.parametrize("ablock", [0, 32, 64, 128])
+def test_repacked_rows_are_batch_invariant_in_every_build(kernel_build, qtype, ablock):
     """Row i of any product of the 16-row groups equals its 1-row product bit for bit, for 1 to
     3 threads (chunks of 32 weight rows handed out as threads come free: the last 16 rows
-    alone), row-by-row counts and prompt counts; and the AVX2 build (maddubs, madd) gives the
-    AVX-512 build's (vpdpbusd, vpdpwssd) integers and float steps: the same bits."""
+    alone), row-by-row counts and prompt counts, whatever the activation block; and the AVX2
+    build (maddubs, madd) gives the AVX-512 build's (vpdpbusd, vpdpwssd) integers and float
+    steps: the same bits."""
     n, k, m = 80, 1536, 23
     raw = _tensor(qtype, n, k, seed=3)
     kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4)) * 3
     bias = torch.randn(n, generator=torch.Generator().manual_seed(5))
-    full = kernels.matmul(kind, packed, n, k, x, bias, bits=8, threads=2, build="avx2")
+    how = dict(bits=8, ablock=ablock)
+    full = kernels.matmul(kind, packed, n, k, x, bias, **how, threads=2, build="avx2")
     for build in ("avx2", kernel_build):
         for t in (1, 2, 3):
-            assert torch.equal(kernels.matmul(kind, packed, n, k, x, bias, bits=8, threads=t,
+            assert torch.equal(kernels.matmul(kind, packed, n, k, x, bias, **how, threads=t,
                                               build=build), full), (build, t)
             for rows in (slice(0, 1), slice(7, 8), slice(2, 7), slice(0, 10), slice(3, 14)):
-                got = kernels.matmul(kind, packed, n, k, x[rows], bias, bits=8, threads=t,
+                got = kernels.matmul(kind, packed, n, k, x[rows], bias, **how, threads=t,
                                      build=build)
                 assert torch.equal(got, full[rows]), (build, t, rows)
 
@@ -388,3 +404,29 @@ def test_repack_takes_what_its_kernels_compute():
     kind, packed = kernels.repack("Q4_K", raw.data, 48, 512, 8)
     with pytest.raises(TandemError, match="Q4_Kx16, N=48, K=512"):
         kernels.matmul(kind, packed, 48, 512, torch.randn(2, 512), bits=16)
+    # finer activation blocks: int8 products of the grouped types only, 32, 64 or 128 values
+    x = torch.randn(2, 512)
+    for bad in (dict(type_name="Q4_K", blocks=raw.data, ablock=64, bits=8),
+                dict(type_name=kind, blocks=packed, ablock=64, bits=16),
+                dict(type_name=kind, blocks=packed, ablock=96, bits=8)):
+        with pytest.raises(TandemError, match="activation blocks of"):
+            kernels.matmul(bad["type_name"], bad["blocks"], 48, 512, x, bits=bad["bits"],
+                           ablock=bad["ablock"])
+
+
+def test_fine_activation_blocks_where_the_kernels_have_them():
+    """A linear asked for int8 blocks of 64 (the down projection under --activations
+    int8-down64) gets them where its weights are repacked (Q4_K, Q6_K); a type whose own block
+    is no larger (Q8_0: 32) keeps int8 at its block; one with larger blocks and no grouped
+    kernel (Q5_K) rounds to int16 instead, never coarser than asked."""
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
+    x[:, 5] *= 40
+    for qtype, want in ((QT.Q4_K, (8, 64)), (QT.Q6_K, (8, 64)), (QT.Q8_0, (8, 0)),
+                        (QT.Q5_K, (16, 0))):
+        raw = _tensor(qtype, 32, 512, seed=1)
+        lin = GGUFLinear(raw, bits=8, act_block=64)
+        assert lin.rounding() == want, qtype
+        kind, blocks = lin.kernel_blocks()
+        assert torch.equal(lin(x), kernels.matmul(kind, blocks, 32, 512, x, bits=want[0],
+                                                  ablock=want[1])), qtype
+    assert GGUFLinear(_tensor(QT.Q4_K, 32, 512), bits=16, act_block=64).rounding() == (16, 0)

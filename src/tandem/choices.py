@@ -15,11 +15,15 @@ LINEAR_MODES = WEIGHT_MODES[1:]  # what "auto" resolves to
 DTYPES = ("auto", "float32", "bfloat16")
 
 # --activations: how the native kernels round activations per block, by name -> the integer
-# bits of every product's activations but the FFN down projection's, and of that one
+# bits of every product's activations but the FFN down projection's, of that one, and its
+# values per int8 block (0: the weights' block, 256 for K-quants)
 #   int16: max|x| / 16383 steps; int8: llama.cpp's Q8_K / Q8_0 rounding (max|x| / 127);
 #   mixed: int8, except int16 for the down projection's input, SiLU(gate) * up, whose outliers
-#   make half of int8's KL divergence (bench/results/kl-divergence-mixed)
-ACTIVATIONS = {"int16": (16, 16), "int8": (8, 8), "mixed": (8, 16)}
+#   make half of int8's KL divergence (bench/results/kl-divergence-mixed);
+#   int8-down64: int8, the down projection's input per 64 values (a scale per 64 instead of
+#   per 256: most of mixed's gain at int8's speed, bench/results/kl-divergence-down64)
+ACTIVATIONS = {"int16": (16, 16, 0), "int8": (8, 8, 0), "mixed": (8, 16, 0),
+               "int8-down64": (8, 8, 64)}
 
 # --cache-type-k / --cache-type-v (llama-server's names): how the KV cache holds a row -> bytes
 # per element. f16: IEEE halves (llama-server's default), read into float32 for attention

@@ -189,11 +189,13 @@ def _build(name: str | None = None) -> ctypes.CDLL:
                            capture_output=True, text=True)
         if r.returncode != 0:
             os.unlink(tmp)
-            raise OSError(f"{cc} failed: {r.stderr.strip()[:500]}")
+            # the errors first: notes and warnings can fill the start of the compiler's output
+            errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+            raise OSError(f"{cc} failed: {chr(10).join(errors or [r.stderr.strip()])[:500]}")
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temp file
     lib = ctypes.CDLL(str(out))
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, i64]
+    lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, c_int, i64]
     lib.tq_matmul.restype = c_int
     for fn in (lib.tq_repack_q4kx, lib.tq_repack_q6kx):
         fn.argtypes, fn.restype = [ptr, i64, i64, ptr], c_int
@@ -279,6 +281,8 @@ def _threads(n: int) -> int:
 # groups of 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
 REPACKED_TYPES = {"Q4_Kx16": 112, "Q6_Kx16": 114}
 REPACK_FROM = {"Q4_K": "Q4_Kx16", "Q6_K": "Q6_Kx16"}
+# values per int8 activation block that the 16-row group types also take (tq_matmul_check)
+ACT_BLOCKS = (32, 64, 128)
 
 
 def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
@@ -307,12 +311,15 @@ def type_id(type_name: str) -> int:
 
 
 def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
-           bias: torch.Tensor | None = None, *, bits: int = 16, threads: int = 1,
-           prompt_rows: int = PROMPT_ROWS, build: str | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, *, bits: int = 16, ablock: int = 0,
+           threads: int = 1, prompt_rows: int = PROMPT_ROWS,
+           build: str | None = None) -> torch.Tensor:
     """x (..., K) float32 -> (..., N) float32 = x @ W.T + bias, W the GGUF blocks (N rows).
 
     bits: how the kernel quantizes the activations per block, 16 (default; error <= 1/32766
-    of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster). threads: the
+    of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster). ablock: values
+    per activation block, 0 (the weights' block: 256 for K-quants, else 32) or, for int8 and
+    the 16-row group types (REPACKED_TYPES), 32, 64 or 128 (finer steps). threads: the
     OpenMP threads to run on. prompt_rows: see PROMPT_ROWS (1 << 62: the row-by-row kernel for
     every product). build: a VARIANTS name (default: this CPU's, `variant()`). The result does
     not depend on threads, prompt_rows, the build or the other rows.
@@ -322,9 +329,13 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.float().contiguous()
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    if ablock and (type_name not in REPACKED_TYPES or bits != 8 or ablock not in ACT_BLOCKS):
+        raise TandemError(f"activation blocks of {ablock} values: only int8 products of "
+                          f"{', '.join(REPACKED_TYPES)} take {', '.join(map(str, ACT_BLOCKS))} "
+                          f"(got {type_name}, int{bits})")
     rc = lib.tq_matmul(type_id(type_name), blocks.ctypes.data, n, k, rows.data_ptr(),
                        rows.shape[0], y.data_ptr(), None if bias is None else bias.data_ptr(),
-                       _threads(threads), bits, prompt_rows)
+                       _threads(threads), bits, ablock, prompt_rows)
     if rc != 0:
         raise TandemError(f"tq_matmul({type_name}, N={n}, K={k}) failed with {rc}")
     return y.view(*x.shape[:-1], n)
@@ -348,7 +359,8 @@ def dequantize(type_name: str, blocks: np.ndarray, n: int, k: int, *, threads: i
 
 class _Linear(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
-                ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("bits", ctypes.c_int64)]
+                ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("bits", ctypes.c_int64),
+                ("ablock", ctypes.c_int64)]
 
 
 class _Layer(ctypes.Structure):
@@ -379,7 +391,7 @@ class NativeLayers:
     object keeps every array it points into alive. `from_model` returns None when the model
     cannot take this path (a linear that is not GGUF blocks, a shape forward.c does not
     handle, or no native kernels here). Each product rounds its activations as its linear's
-    `bits` say (`--activations mixed`: int16 for the FFN down projection only).
+    `rounding()` says (`--activations int8-down64`: the FFN down projection's in blocks of 64).
     """
 
     def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor,
@@ -407,10 +419,11 @@ class NativeLayers:
                 if len(blocks) != lin.out_features:  # padded to whole groups: N is the layer's
                     type_name, blocks = lin.type_name, lin.blocks
                 self._keep.append(blocks)
+                bits, ablock = lin.rounding(type_name)
                 setattr(lay, field, _Linear(
                     type_id(type_name), lin.out_features, lin.in_features,
                     blocks.ctypes.data, None if lin.bias is None else lin.bias.data_ptr(),
-                    lin.bits))
+                    bits, ablock))
         self._model = _Model(
             n_layers=len(layers), dim=args.dim, n_heads=args.n_heads,
             n_kv_heads=args.n_kv_heads, head_dim=args.head_dim, ffn_dim=args.ffn_dim,

@@ -403,9 +403,10 @@ extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, 
                                                  const acts8_t *, float *, int64_t, const float *);
 
 /* rowdotx.c: weight rows [n0, n1) of a T_Q4_KX / T_Q6_KX tensor (multiples of 16) against M
- * int8 activation rows (quantize_row8, pairs 0): y = dot + bias, the same bits in every build */
+ * int8 activation rows (quantize_row8 per ablock = 64, 128 or 256 values, pairs 0): y = dot +
+ * bias, the same bits in every build */
 TQ_HIDDEN void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
-                      int64_t M, float *y, int64_t N, const float *bias);
+                      int64_t M, float *y, int64_t N, const float *bias, int ablock);
 
 /* ---- the prompt kernel (gemm.c) --------------------------------------------------------- */
 

@@ -36,7 +36,7 @@
 #define FIELD(s, f) {#s "." #f, offsetof(s, f), sizeof(((s *)0)->f)}
 static const tq_field layout[] = {
     STRUCT(tq_linear), FIELD(tq_linear, type), FIELD(tq_linear, N), FIELD(tq_linear, K),
-    FIELD(tq_linear, W), FIELD(tq_linear, bias), FIELD(tq_linear, bits),
+    FIELD(tq_linear, W), FIELD(tq_linear, bias), FIELD(tq_linear, bits), FIELD(tq_linear, ablock),
     STRUCT(tq_layer), FIELD(tq_layer, attn_norm), FIELD(tq_layer, ffn_norm),
     FIELD(tq_layer, q_norm), FIELD(tq_layer, k_norm),
     FIELD(tq_layer, wq), FIELD(tq_layer, wk), FIELD(tq_layer, wv), FIELD(tq_layer, wo),
@@ -274,7 +274,8 @@ static void attend(const float *q, int64_t G, const char *K, const char *V, int6
 }
 
 static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
-    return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, (int)l->bits);
+    return l->W && l->N == N && l->K == K && tq_matmul_check((int)l->type, K, (int)l->bits,
+                                                                     (int)l->ablock);
 }
 
 

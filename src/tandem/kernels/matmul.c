@@ -30,9 +30,10 @@ void tq_scratch_free(tq_scratch *s) {
     s->xq = NULL; s->xs = s->xsum = NULL; s->bs = NULL;
 }
 
-int tq_matmul_check(int type, int64_t K, int bits) {
+int tq_matmul_check(int type, int64_t K, int bits, int ablock) {
     return block_bytes(type) != 0 && K % block_weights(type) == 0 &&
-           (bits == 8 || (bits == 16 && !type_x(type)));
+           (bits == 8 || (bits == 16 && !type_x(type))) &&
+           (ablock == 0 || (type_x(type) && bits == 8 && (ablock == 32 || ablock == 64 || ablock == 128)));
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
@@ -138,7 +139,8 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
     for (int64_t i = 0; i < n * M; i++) {
         const int j = (int)(i / M);
         const int64_t m = i % M, K = l[j]->K, G = K / 32;
-        const int type = (int)l[j]->type, qb = (int)block_weights(type);
+        const int type = (int)l[j]->type;
+        const int qb = l[j]->ablock ? (int)l[j]->ablock : (int)block_weights(type);
         const float *in = x + m * K;
         if (pre && pre->kind == TQ_PRE_SILU) {
             silu_mul_row(in, pre->u + m * K, K, pre->tmp);
@@ -190,7 +192,8 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             const int64_t r1 = mode[j] == XPROMPT ? (N < r0 + GCH ? N : r0 + GCH)
                                : c + 1 < first[j + 1] ? start[dfirst[j] + i + 1] : N;
             const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K, K / 32};
-            x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias);
+            x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias,
+                   L->ablock ? (int)L->ablock : (int)block_weights(type));
         } else if (mode[j] == GEMM) {
             const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,
@@ -219,25 +222,25 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
 
 /* One product (see tq_matmul_team_n). */
 void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-                    float *y, const float *bias, int bits, const tq_scratch *s,
+                    float *y, const float *bias, int bits, int ablock, const tq_scratch *s,
                     int64_t prompt_rows) {
-    const tq_linear L = {type, N, K, W, bias, bits};
+    const tq_linear L = {type, N, K, W, bias, bits, ablock};
     const tq_linear *l = &L;
     tq_matmul_team_n(1, &l, &y, &s, x, NULL, M, prompt_rows);
 }
 
 /* y (M, N) = x (M, K) @ W (N, K)^T + bias. W: N rows of row_bytes; bits: 16 or 8, how the
- * activations are quantized; prompt_rows: see the top of this file. Returns 0, or -1 for an
+ * activations are quantized, ablock per how many values (tq_matmul_check); prompt_rows: see the top of this file. Returns 0, or -1 for an
  * unsupported type, K or bits, -2 when out of memory. */
 int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-              float *y, const float *bias, int nthreads, int bits, int64_t prompt_rows) {
-    if (!tq_matmul_check(type, K, bits) || M <= 0)
+              float *y, const float *bias, int nthreads, int bits, int ablock, int64_t prompt_rows) {
+    if (!tq_matmul_check(type, K, bits, ablock) || M <= 0)
         return -1;
     tq_scratch s;
     if (tq_scratch_alloc(&s, M, K) != 0)
         return -2;
 #pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
-    tq_matmul_team(type, W, N, K, x, M, y, bias, bits, &s, prompt_rows);
+    tq_matmul_team(type, W, N, K, x, M, y, bias, bits, ablock, &s, prompt_rows);
     tq_scratch_free(&s);
     return 0;
 }

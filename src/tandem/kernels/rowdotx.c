@@ -13,7 +13,10 @@
  * are): S = sum_j sc_j * sum_{i in sub-block j} q_i x8_i and M = sum_j mn_j * sum_{i in j} x8_i,
  * exact in int32 (|S| <= 8 * 63 * 32 * 15 * 127 < 2^25); then y = fma(float(S), d * xs, y) and
  * y = fma(float(M), -dmin * xs, y) per super-block in order, xs the activations' scale; last
- * y + bias. AVX2 computes the same integers with maddubs (pairs) + madd (the scale on both
+ * y + bias. Activations rounded per 32, 64 or 128 values (ablock: the down projection's input,
+ * whose outliers would coarsen a whole block of 256) have a scale per P = ablock / 32
+ * sub-blocks: S and M then sum those P sub-blocks and take their two float steps at the end of
+ * each, in order (P = 8: the steps above). AVX2 computes the same integers with maddubs (pairs) + madd (the scale on both
  * words of a lane), AVX-512 with vpdpbusd + vpdpwssd (the scale in the low word).
  *
  * A 16-row group's super-block (2304 bytes):
@@ -144,6 +147,12 @@ static inline void group_pairs(const int16_t *bs, int32_t out[4]) {
         out[t] = (int32_t)(((uint32_t)b[2 * t] & 0xFFFF) | (uint32_t)b[2 * t + 1] << 16);
 }
 
+/* the activation sums of a pair (b_2t | b_2t+1 << 16) that the block ending at sub-block j
+ * takes: both, or with one sub-block per block (P = 1) only b_j, the other word zero */
+static inline int32_t pair_of(int32_t bp, int j, int P) {
+    return P > 1 ? bp : (int32_t)((uint32_t)bp & (j % 2 ? 0xFFFF0000u : 0xFFFFu));
+}
+
 #if TQ_AVX512
 /* 16 unsigned bytes -> 16 dwords, and 16 f16 -> 16 floats (SIMDe 0.7.4 has neither at 512 bits:
  * two 256-bit halves, the same values) */
@@ -187,7 +196,9 @@ static inline __m512i x_scales(__m512i L, __m512i Hx, __m512i sh, int mins) {
 }
 
 /* One 16-row group (its first super-block at w) against activation rows [0, mr): y[m][r] */
-static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w, int64_t nsb,
+                                                               const acts8_t *A, int mr,
+                                                               float (*y)[16], const int P) {
     __m512 acc[MR];
     for (int m = 0; m < mr; m++)
         acc[m] = _mm512_setzero_ps();
@@ -212,6 +223,10 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
         __m512i mnp[4]; /* dword r: mn_2t | mn_2t+1 << 16 */
         for (int t = 0; t < 4; t++)
             mnp[t] = _mm512_or_si512(u8_epi32(mnb[2 * t]), _mm512_slli_epi32(u8_epi32(mnb[2 * t + 1]), 16));
+        const __m512 ndmin = _mm512_sub_ps(_mm512_setzero_ps(), dmin);
+        int32_t bp[MR][4];
+        for (int m = 0; m < mr; m++)
+            group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp[m]);
         __m512i S[MR];
         for (int m = 0; m < mr; m++)
             S[m] = _mm512_setzero_si512();
@@ -236,17 +251,17 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
                     t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
                 S[m] = _mm512_dpwssd_epi32(S[m], t, sc);
             }
-        }
-        for (int m = 0; m < mr; m++) {
-            int32_t bp[4];
-            group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp);
-            __m512i M = _mm512_setzero_si512();
-            for (int t = 0; t < 4; t++)
-                M = _mm512_dpwssd_epi32(M, mnp[t], _mm512_set1_epi32(bp[t]));
-            const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb]);
-            acc[m] = _mm512_fmadd_ps(cvt512_ps(S[m]), _mm512_mul_ps(d, xs), acc[m]);
-            acc[m] = _mm512_fmadd_ps(cvt512_ps(M), _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin), xs),
-                                     acc[m]);
+            if ((j + 1) % P)
+                continue;
+            for (int m = 0; m < mr; m++) { /* the end of an activation block (P sub-blocks) */
+                __m512i M = _mm512_setzero_si512();
+                for (int t = (j + 1 - P) / 2; t <= j / 2; t++)
+                    M = _mm512_dpwssd_epi32(M, mnp[t], _mm512_set1_epi32(pair_of(bp[m][t], j, P)));
+                const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
+                acc[m] = _mm512_fmadd_ps(cvt512_ps(S[m]), _mm512_mul_ps(d, xs), acc[m]);
+                acc[m] = _mm512_fmadd_ps(cvt512_ps(M), _mm512_mul_ps(ndmin, xs), acc[m]);
+                S[m] = _mm512_setzero_si512();
+            }
         }
     }
     for (int m = 0; m < mr; m++)
@@ -255,7 +270,9 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
 /* One 16-row Q6_K group against activation rows [0, mr): per 16-weight group k, T = sum q x
  * (vpdpbusd, q unsigned), S += T * sc_k (vpmulld); then S - 32 sum_k sc_k b_k (b_k the group's
  * activation sum, vpdpwssd on scale pairs) and one float step */
-static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w, int64_t nsb,
+                                                                const acts8_t *A, int mr,
+                                                                float (*y)[16], const int P) {
     __m512 acc[MR];
     for (int m = 0; m < mr; m++)
         acc[m] = _mm512_setzero_ps();
@@ -274,9 +291,9 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
         for (int j = 0; j < 8; j++) {
             for (int pf = 320; pf < 704; pf += 64) /* 6 of the 48 lines past the scales */
                 _mm_prefetch((const char *)w + XPF + pf + 384 * j, _MM_HINT_T0);
-            __m512i P[4];
+            __m512i lo4[4]; /* the low four bits, both nibbles */
             for (int p = 0; p < 4; p++)
-                P[p] = _mm512_loadu_si512((const void *)(w + 288 + 64 * (4 * j + p)));
+                lo4[p] = _mm512_loadu_si512((const void *)(w + 288 + 64 * (4 * j + p)));
             for (int h = 0; h < 2; h++) {
                 const __m512i Q = _mm512_loadu_si512((const void *)(w + 2336 + 64 * (2 * j + h)));
                 const __m512i sc = i8_epi32(w + 32 + 16 * (2 * j + h));
@@ -286,8 +303,8 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
                                        _mm512_and_si512(Q, m30),
                                        _mm512_and_si512(_mm512_srli_epi16(Q, 2), m30)};
                 for (int p = 0; p < 4; p++)
-                    q[p] = _mm512_or_si512(h ? _mm512_and_si512(_mm512_srli_epi16(P[p], 4), m4)
-                                             : _mm512_and_si512(P[p], m4), hb[p]);
+                    q[p] = _mm512_or_si512(h ? _mm512_and_si512(_mm512_srli_epi16(lo4[p], 4), m4)
+                                             : _mm512_and_si512(lo4[p], m4), hb[p]);
                 for (int m = 0; m < mr; m++) {
                     const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * h;
                     __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(load32(x)));
@@ -296,15 +313,18 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
                     S[m] = _mm512_add_epi32(S[m], _mm512_mullo_epi32(t, sc));
                 }
             }
-        }
-        for (int m = 0; m < mr; m++) {
-            const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
-            __m512i B = _mm512_setzero_si512();
-            for (int u = 0; u < 8; u++)
-                B = _mm512_dpwssd_epi32(B, scp[u], _mm512_set1_epi32(load32((const int8_t *)(bs + 2 * u))));
-            const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb]);
-            acc[m] = _mm512_fmadd_ps(cvt512_ps(_mm512_sub_epi32(S[m], _mm512_slli_epi32(B, 5))),
-                                     _mm512_mul_ps(d, xs), acc[m]);
+            if ((j + 1) % P)
+                continue;
+            for (int m = 0; m < mr; m++) { /* the end of an activation block */
+                const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
+                __m512i B = _mm512_setzero_si512();
+                for (int u = j + 1 - P; u <= j; u++)
+                    B = _mm512_dpwssd_epi32(B, scp[u], _mm512_set1_epi32(load32((const int8_t *)(bs + 2 * u))));
+                const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
+                acc[m] = _mm512_fmadd_ps(cvt512_ps(_mm512_sub_epi32(S[m], _mm512_slli_epi32(B, 5))),
+                                         _mm512_mul_ps(d, xs), acc[m]);
+                S[m] = _mm512_setzero_si512();
+            }
         }
     }
     for (int m = 0; m < mr; m++)
@@ -316,17 +336,31 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
  * 8960 x 1536 in L3, 2 threads, the AVX2 build on a Zen 4) */
 #define XRB 3
 
-/* the 8 scales (or mins) of sub-block j for rows 8h..8h + 7 as dwords */
-static inline __m256i x_scales8(const uint8_t *w, int j, int h, int mins) {
-    const __m128i L = _mm_loadl_epi64((const __m128i *)(w + 64 + 16 * j + 8 * h));
-    const __m128i H = _mm_loadl_epi64((const __m128i *)(w + 192 + 16 * (j / 2) + 8 * h));
-    const __m128i m4 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
-    const __m128i lo = mins ? _mm_and_si128(_mm_srli_epi16(L, 4), m4) : _mm_and_si128(L, m4);
-    const __m128i hb = _mm_and_si128(_mm_srl_epi16(H, _mm_cvtsi32_si128(2 * (j % 2) + 4 * mins)), m3);
-    return _mm256_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)));
+/* A super-block's scales and mins as bytes, sc[j][r] and mn[j][r] (sub-block j, row r), two
+ * sub-blocks per vector: L[2v], L[2v + 1] against H[v] (bits 0-1 / 2-3 the scales' high bits,
+ * 4-5 / 6-7 the mins') */
+static inline void x_scale_bytes(const uint8_t *w, uint8_t sc[8][16], uint8_t mn[8][16]) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    for (int v = 0; v < 4; v++) {
+        const __m256i L = _mm256_loadu_si256((const __m256i *)(w + 64 + 32 * v));
+        const __m256i H = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 192 + 16 * v)));
+        const __m256i hs = _mm256_blend_epi32(H, _mm256_srli_epi16(H, 2), 0xF0);
+        const __m256i hm = _mm256_blend_epi32(_mm256_srli_epi16(H, 4), _mm256_srli_epi16(H, 6), 0xF0);
+        _mm256_storeu_si256((__m256i *)sc[2 * v], _mm256_or_si256(
+            _mm256_and_si256(L, m4), _mm256_slli_epi16(_mm256_and_si256(hs, m3), 4)));
+        _mm256_storeu_si256((__m256i *)mn[2 * v], _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(L, 4), m4), _mm256_slli_epi16(_mm256_and_si256(hm, m3), 4)));
+    }
 }
 
-static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+/* rows 8h..8h + 7 of 16 bytes as dwords */
+static inline __m256i bytes8_epi32(const uint8_t *b, int h) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h)));
+}
+
+static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w, int64_t nsb,
+                                                               const acts8_t *A, int mr,
+                                                               float (*y)[16], const int P) {
     __m256 acc[MR][2];
     for (int m = 0; m < mr; m++)
         acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -337,17 +371,20 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
         int32_t bp[MR][4];
         for (int m = 0; m < mr; m++)
             group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp[m]);
+        uint8_t scb[8][16], mnb[8][16];
+        x_scale_bytes(w, scb, mnb);
         for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16 * h)));
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 32 + 16 * h)));
+            const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
             __m256i sc[8], mnp[4];
             for (int j = 0; j < 8; j++) { /* the scale on both words of a lane */
-                const __m256i s = x_scales8(w, j, h, 0);
+                const __m256i s = bytes8_epi32(scb[j], h);
                 sc[j] = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
             }
             for (int t = 0; t < 4; t++)
-                mnp[t] = _mm256_or_si256(x_scales8(w, 2 * t, h, 1),
-                                         _mm256_slli_epi32(x_scales8(w, 2 * t + 1, h, 1), 16));
+                mnp[t] = _mm256_or_si256(bytes8_epi32(mnb[2 * t], h),
+                                         _mm256_slli_epi32(bytes8_epi32(mnb[2 * t + 1], h), 16));
             for (int m0 = 0; m0 < mr; m0 += XRB) {
                 const int me = mr < m0 + XRB ? mr : m0 + XRB;
                 __m256i S[XRB];
@@ -360,10 +397,10 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
                     for (int half = 0; half < 2; half++) {
                         __m256i q[4];
                         for (int p = 0; p < 4; p++) {
-                            const __m256i P = _mm256_loadu_si256(
+                            const __m256i P4 = _mm256_loadu_si256(
                                 (const __m256i *)(w + 256 + 64 * (4 * j + p) + 32 * h));
-                            q[p] = half ? _mm256_and_si256(_mm256_srli_epi16(P, 4), m4)
-                                        : _mm256_and_si256(P, m4);
+                            q[p] = half ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
+                                        : _mm256_and_si256(P4, m4);
                         }
                         for (int m = m0; m < me; m++) {
                             const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * half;
@@ -374,17 +411,21 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
                             S[m - m0] = _mm256_add_epi32(S[m - m0], _mm256_madd_epi16(t, sc[j]));
                         }
                     }
-                }
-                for (int m = m0; m < me; m++) {
-                    __m256i M = _mm256_setzero_si256();
-                    for (int t = 0; t < 4; t++)
-                        M = _mm256_add_epi32(M, _mm256_madd_epi16(mnp[t], _mm256_set1_epi32(bp[m][t])));
-                    const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb]);
-                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m - m0]), _mm256_mul_ps(d, xs),
-                                                acc[m][h]);
-                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M),
-                                                _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), xs),
-                                                acc[m][h]);
+                    if ((j + 1) % P)
+                        continue;
+                    /* the end of an activation block (P sub-blocks): its float steps */
+                    for (int m = m0; m < me; m++) {
+                        __m256i M = _mm256_setzero_si256();
+                        for (int t = (j + 1 - P) / 2; t <= j / 2; t++)
+                            M = _mm256_add_epi32(M, _mm256_madd_epi16(mnp[t], _mm256_set1_epi32(
+                                                                          pair_of(bp[m][t], j, P))));
+                        const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
+                        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m - m0]), _mm256_mul_ps(d, xs),
+                                                    acc[m][h]);
+                        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(ndmin, xs),
+                                                    acc[m][h]);
+                        S[m - m0] = _mm256_setzero_si256();
+                    }
                 }
             }
         }
@@ -394,7 +435,9 @@ static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, 
         _mm256_storeu_ps(y[m] + 8, acc[m][1]);
     }
 }
-static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16]) {
+static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w, int64_t nsb,
+                                                                const acts8_t *A, int mr,
+                                                                float (*y)[16], const int P) {
     __m256 acc[MR][2];
     for (int m = 0; m < mr; m++)
         acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -431,10 +474,10 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
                                                _mm256_and_si256(Q, m30),
                                                _mm256_and_si256(_mm256_srli_epi16(Q, 2), m30)};
                         for (int p = 0; p < 4; p++) {
-                            const __m256i P = _mm256_loadu_si256(
+                            const __m256i P4 = _mm256_loadu_si256(
                                 (const __m256i *)(w + 288 + 64 * (4 * j + p) + 32 * h8));
-                            q[p] = _mm256_or_si256(h ? _mm256_and_si256(_mm256_srli_epi16(P, 4), m4)
-                                                     : _mm256_and_si256(P, m4), hb[p]);
+                            q[p] = _mm256_or_si256(h ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
+                                                     : _mm256_and_si256(P4, m4), hb[p]);
                         }
                         /* four products (<= 4 * 63 * 127) fit a word pair: madd with the scale on
                          * both words sums sc * T, AVX-512's T * sc, without a 32-bit multiply */
@@ -449,17 +492,20 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
                             S[m - m0] = _mm256_add_epi32(S[m - m0], t);
                         }
                     }
-                }
-                for (int m = m0; m < me; m++) {
-                    const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
-                    __m256i B = _mm256_setzero_si256();
-                    for (int u = 0; u < 8; u++)
-                        B = _mm256_add_epi32(B, _mm256_madd_epi16(
-                                                    scp[u], _mm256_set1_epi32(load32((const int8_t *)(bs + 2 * u)))));
-                    const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb]);
-                    acc[m][h8] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[m - m0], _mm256_slli_epi32(B, 5))),
-                        _mm256_mul_ps(d, xs), acc[m][h8]);
+                    if ((j + 1) % P)
+                        continue;
+                    for (int m = m0; m < me; m++) { /* the end of an activation block */
+                        const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
+                        __m256i B = _mm256_setzero_si256();
+                        for (int u = j + 1 - P; u <= j; u++)
+                            B = _mm256_add_epi32(B, _mm256_madd_epi16(
+                                                        scp[u], _mm256_set1_epi32(load32((const int8_t *)(bs + 2 * u)))));
+                        const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
+                        acc[m][h8] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(_mm256_sub_epi32(S[m - m0], _mm256_slli_epi32(B, 5))),
+                            _mm256_mul_ps(d, xs), acc[m][h8]);
+                        S[m - m0] = _mm256_setzero_si256();
+                    }
                 }
             }
         }
@@ -471,12 +517,39 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
 }
 #endif
 
+/* the kernels above for P = 1, 2, 4, 8 sub-blocks per activation block (a compile-time constant) */
+static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
+                       int P) {
+    if (P == 8)
+        group_rows_p(w, nsb, A, mr, y, 8);
+    else if (P == 4)
+        group_rows_p(w, nsb, A, mr, y, 4);
+    else if (P == 2)
+        group_rows_p(w, nsb, A, mr, y, 2);
+    else
+        group_rows_p(w, nsb, A, mr, y, 1);
+}
+
+static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
+                        int P) {
+    if (P == 8)
+        group_rows6_p(w, nsb, A, mr, y, 8);
+    else if (P == 4)
+        group_rows6_p(w, nsb, A, mr, y, 4);
+    else if (P == 2)
+        group_rows6_p(w, nsb, A, mr, y, 2);
+    else
+        group_rows6_p(w, nsb, A, mr, y, 1);
+}
+
 /* Weight rows [n0, n1) (multiples of 16; W the repacked tensor, rb = K / 256 * 144 bytes per
- * row) against the M activation rows of A: y = dot + bias. Activation rows in blocks of MR per
- * pass over a group, whose bytes (16 rows) then stay in cache for the next block. */
+ * row) against the M activation rows of A, rounded per ablock = 32, 64, 128 or 256 values
+ * (quantize_row8's qb): y = dot + bias. Activation rows in blocks of MR per pass over a group,
+ * whose bytes (16 rows) then stay in cache for the next block. */
 void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
-            int64_t M, float *y, int64_t N, const float *bias) {
+            int64_t M, float *y, int64_t N, const float *bias, int ablock) {
     const int64_t nsb = A->K / 256;
+    const int per = ablock / 32;
     float out[MR][16];
     for (int64_t n = n0; n < n1; n += 16) {
         const uint8_t *w = W + n * rb;
@@ -485,9 +558,9 @@ void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, cons
             acts8_t B = {A->q + m0 * A->K, A->s + m0 * A->G, A->sum + m0 * A->G,
                          A->bs + m0 * (A->K / 16), A->K, A->G};
             if (type == T_Q6_KX)
-                group_rows6(w, nsb, &B, mr, out);
+                group_rows6(w, nsb, &B, mr, out, per);
             else
-                group_rows(w, nsb, &B, mr, out);
+                group_rows(w, nsb, &B, mr, out, per);
             for (int m = 0; m < mr; m++)
                 for (int r = 0; r < 16; r++)
                     y[(m0 + m) * N + n + r] = out[m][r] + (bias ? bias[n + r] : 0.f);

@@ -29,15 +29,18 @@ typedef struct {
 } tq_scratch;
 
 int64_t tq_block_bytes(int type); /* bytes per block of a ggml type id; 0: not taken here */
-int tq_matmul_check(int type, int64_t K, int bits); /* 1 when tq_matmul takes these */
+/* 1 when tq_matmul takes these. bits: the activations' rounding, 16 or 8; ablock: values per
+ * activation block, 0 (the weights' block: 256 for K-quants, else 32) or, for int8 products of
+ * the 16-row group types (112, 114), 64 or 128: finer steps for an input with outliers */
+int tq_matmul_check(int type, int64_t K, int bits, int ablock);
 int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K);
 void tq_scratch_free(tq_scratch *s);
 /* prompt_rows: products of at least this many rows (K-quant weights) take
  * the prompt kernel (gemm.c), fewer the row-by-row kernels; both give the same bits */
 int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-              float *y, const float *bias, int nthreads, int bits, int64_t prompt_rows);
+              float *y, const float *bias, int nthreads, int bits, int ablock, int64_t prompt_rows);
 void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, int64_t M,
-                    float *y, const float *bias, int bits, const tq_scratch *s,
+                    float *y, const float *bias, int bits, int ablock, const tq_scratch *s,
                     int64_t prompt_rows);
 /* Q4_K rows (N % 16 == 0) into the 16-row groups of type 112 (rowdotx.c): dst as many bytes;
  * 0, or -1 for N or K that do not fit */
@@ -52,6 +55,7 @@ typedef struct {
     const uint8_t *W;
     const float *bias; /* N values or NULL */
     int64_t bits;      /* how tq_matmul rounds this product's activations: 16 or 8 */
+    int64_t ablock;    /* and per how many values: 0, or 64 / 128 (tq_matmul_check) */
 } tq_linear;
 
 typedef struct {

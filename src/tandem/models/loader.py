@@ -280,7 +280,8 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         down = base.endswith(GGUF_NAMES["w_down"].rsplit(".", 1)[1])
         return make_linear(raw, dt, mode, bias=g.tensors.get(base + ".bias"),
                            bits=numerics.down_bits if down else bits, threads=threads,
-                           prompt_rows=prompt_rows)
+                           prompt_rows=prompt_rows,
+                           act_block=numerics.down_block if down else 0)
 
     def embedding(name: str) -> tuple[object, torch.nn.Module] | None:
         raw = g.tensors.get(name)

@@ -246,11 +246,15 @@ class GGUFLinear(torch.nn.Module):
     """
 
     def __init__(self, raw: RawTensor, bias: torch.Tensor | None = None, bits: int = 16,
-                 threads: int = 1, prompt_rows: int = kernels.PROMPT_ROWS) -> None:
+                 threads: int = 1, prompt_rows: int = kernels.PROMPT_ROWS,
+                 act_block: int = 0) -> None:
         super().__init__()
         self.out_features, self.in_features = raw.shape
         self.type_name, self.raw = raw.type_name, raw
         self.bits, self.threads, self.prompt_rows = bits, threads, prompt_rows
+        # int8 activation blocks of this many values where finer than the weights' block
+        # (0: the weights' block); see rounding()
+        self.act_block = act_block
         self.blocks = raw.data  # uint8 view of the file: (N, row bytes)
         self._kernel_blocks: dict[int, tuple[str, np.ndarray]] = {}  # bits -> kernel_blocks()
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(),
@@ -266,6 +270,18 @@ class GGUFLinear(torch.nn.Module):
             ) or (self.type_name, self.blocks)
         return self._kernel_blocks[self.bits]
 
+    def rounding(self, type_name: str | None = None) -> tuple[int, int]:
+        """(bits, ablock) of kernels.matmul for this product read as `type_name` (default: its
+        kernel_blocks()' type). With act_block, int8 activations go in blocks of act_block
+        values where the weights' block is larger: the 16-row group types take them; other
+        types with larger blocks (Q5_K) round to int16 instead, never coarser than asked."""
+        type_name = type_name or self.kernel_blocks()[0]
+        if self.bits != 8 or not self.act_block:
+            return self.bits, 0
+        if type_name in kernels.REPACKED_TYPES:
+            return 8, self.act_block
+        return (8, 0) if GGML_QUANT_SIZES[QT[type_name]][0] <= self.act_block else (16, 0)
+
     def weight_float(self) -> torch.Tensor:
         return kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features,
                                   threads=self.threads)
@@ -279,8 +295,9 @@ class GGUFLinear(torch.nn.Module):
         bias = self.bias
         if n != self.out_features and bias is not None:
             bias = torch.cat([bias, bias.new_zeros(n - self.out_features)])
-        y = kernels.matmul(type_name, blocks, n, self.in_features, x, bias, bits=self.bits,
-                           threads=self.threads, prompt_rows=self.prompt_rows)
+        bits, ablock = self.rounding(type_name)
+        y = kernels.matmul(type_name, blocks, n, self.in_features, x, bias, bits=bits,
+                           ablock=ablock, threads=self.threads, prompt_rows=self.prompt_rows)
         if n != self.out_features:
             y = y[..., :self.out_features]
         return y.to(x.dtype)
@@ -291,11 +308,12 @@ class GGUFLinear(torch.nn.Module):
         data = self.blocks[idx] if isinstance(idx, slice) else np.ascontiguousarray(self.blocks[idx])
         raw = RawTensor(self.raw.name, self.raw.qtype, (len(data), self.in_features), data)
         bias = None if self.bias is None else self.bias[idx].contiguous()
-        return GGUFLinear(raw, bias, self.bits, self.threads, self.prompt_rows)
+        return GGUFLinear(raw, bias, self.bits, self.threads, self.prompt_rows, self.act_block)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"{self.type_name} blocks in place, int{self.bits} activations")
+                f"{self.type_name} blocks in place, int{self.bits} activations"
+                + (f" per {self.act_block}" if self.act_block else ""))
 
 
 class GGUFEmbedding:
@@ -380,8 +398,8 @@ def unpack_int4_float(packed: torch.Tensor, sz: torch.Tensor, group: int) -> tor
 
 
 def make_linear(raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor | None = None,
-                bits: int = 16, threads: int = 1, prompt_rows: int = kernels.PROMPT_ROWS
-                ) -> torch.nn.Module:
+                bits: int = 16, threads: int = 1, prompt_rows: int = kernels.PROMPT_ROWS,
+                act_block: int = 0) -> torch.nn.Module:
     """A linear layer for a (N, K) GGUF weight (+ optional (N,) bias).
 
     mode "native": the types the native kernels read (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)
@@ -401,7 +419,7 @@ def make_linear(raw: RawTensor, dtype: torch.dtype, mode: str, bias: RawTensor |
             f"{raw.shape[0]} rows"
         )
     if mode == "native" and native_ok(raw):
-        return GGUFLinear(raw, bias_values, bits, threads, prompt_rows)
+        return GGUFLinear(raw, bias_values, bits, threads, prompt_rows, act_block)
     packed = pack_int4(raw) if mode == "int4" else None
     if packed is None:
         return _dense_linear(raw, dtype, bias_values)
