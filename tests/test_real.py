@@ -74,9 +74,9 @@ def test_seeded_sampling_repeats(target):
 def test_logits_match_transformers_on_the_same_gguf(target):
     """transformers dequantizes the GGUF to float32; our dense float32 mode must agree to
     float32 accumulation noise, int16 activations (`--activations int16`) to their rounding at
-    every position, and the default (int8-down64: int8, the FFN down projection per 64) to int8 rounding
-    (measured: at most ~0.5 logit) at every position after the first, with the same next token
-    everywhere it is not a near-tie. The first token's hidden state carries outliers thousands
+    every position, and the default (int8-down64: int8, the FFN down projection's input per 64
+    values) to int8 rounding (measured: at most ~0.5 logit) at every position after the first,
+    with the same next token everywhere it is not a near-tie. The first token's hidden state carries outliers thousands
     of times its other values (the attention sink), so int8 blocks round the rest of it to
     almost nothing there: its own logits are off by ~10 (llama.cpp's Q8_K rounding is the same
     scheme); only a one-token prompt samples from them, and the later positions, which attend
