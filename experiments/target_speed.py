@@ -32,7 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The paths: label -> extra flags for `tandem generate` (and environment variables).
 PATHS = {
-    "native mixed C layers (default)": ["--weights", "native", "--activations", "mixed"],
+    "native C layers (default activations)": ["--weights", "native"],
+    "native int8-down64 C layers": ["--weights", "native", "--activations", "int8-down64"],
+    "native mixed C layers": ["--weights", "native", "--activations", "mixed"],
     "native mixed C layers (row-by-row prompt kernel)": [
         "--weights", "native", "--activations", "mixed", "TANDEM_PROMPT_KERNEL=0"],
     "native mixed C layers (AVX2 build)": ["--weights", "native", "--activations", "mixed",
