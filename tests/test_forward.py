@@ -343,3 +343,24 @@ def test_a_long_input_pooled_last_is_read_in_chunks_to_the_same_bits(tmp_path):
                 small.embed(ids, pooling)
     with pytest.raises(TandemError, match="1..128 fit .a slot's context"):
         small.embed(ids * 2, "last")
+
+
+def test_engines_make_the_kernel_layouts_at_load(tmp_path):
+    """load_engine (tandem serve, generate, bench) makes every int8 Q4_K product's 16-row groups
+    before the first request, so its prompt time does not pay them (~1 s for the default
+    target); the first pass then reads the copies already made."""
+    from tandem.flags import load_engine
+    from tandem.models.quant import GGUFLinear
+
+    path = tiny.write_gguf(tiny.hf_model("qwen2", seed=4, **tiny.Q4K_SHAPE), tmp_path / "m.gguf",
+                           "qwen2", qtype=QT.Q4_K)
+    said = []
+    engine = load_engine(str(path), None, EngineConfig(ctx_size=128), SpecConfig(types=["none"]),
+                         log=said.append)
+    lins = [m for m in engine.target.model.modules() if isinstance(m, GGUFLinear)]
+    assert lins and all(8 in lin._kernel_blocks for lin in lins if lin.bits == 8)
+    made = {id(lin): lin.kernel_blocks()[1] for lin in lins}
+    assert any(lin.kernel_blocks()[0] == "Q4_Kx16" for lin in lins)
+    assert "kernel layouts" in said[0]
+    engine.generate(Request(PROMPT[:5], SamplingParams(n_predict=2, temperature=0.0)))
+    assert all(lin.kernel_blocks()[1] is made[id(lin)] for lin in lins)

@@ -58,6 +58,18 @@ class LoadedModel:
     name: str = ""
     rank_head: RankHead | None = None  # a reranker's (GGUF cls.output), else None
 
+    def prepare_kernels(self) -> float:
+        """Make every linear's kernel layout now (the int8 products' 16-row groups,
+        `GGUFLinear.kernel_blocks`), which its first pass would otherwise make inside the
+        first request's prompt time; seconds taken."""
+        from .quant import GGUFLinear
+
+        t0 = time.perf_counter()
+        for mod in self.model.modules():
+            if isinstance(mod, GGUFLinear):
+                mod.kernel_blocks()
+        return time.perf_counter() - t0
+
 
 def _number(value: Any, kind: type, where: str, key: str, default: Any = None) -> Any:
     """A hyperparameter as int or float; a missing one takes `default` (None: required), a
