@@ -146,7 +146,74 @@ def test_what_a_proposer_showed_carries_over_to_the_next_request(models):
     assert seen > 0 and first.stats.n_drafted > 0
     second = e.add(Request(list(ids), sp))
     ctl = second.speculator.entries[0].controller
-    assert ctl.calibration is calibration and ctl.acceptance is acceptance
+    # the request's own estimates start from every request's and learn into them
+    assert ctl.calibration.parent is calibration and ctl.acceptance.parent is acceptance
+    assert ctl.calibration.p(0.9) == pytest.approx(calibration.p(0.9))
     e.release(second)
     # the draft model's controller learns into draft_history, which also judges its catch-up
     assert e.speculation.learned["draft-simple"][0] is e.draft_history
+
+
+def test_a_request_whose_drafts_fail_stops_drafting_though_others_did_well():
+    """The shared calibration learned that confidence 0.65 is accepted 80% of the time (a text
+    that copies its source); a request whose 0.65 drafts keep failing (a story) must stop
+    verifying them after a few, not after the shared estimate has been dragged down."""
+    from tandem.speculative.controller import Calibration
+
+    shared = Calibration()
+    for i in range(400):
+        shared.update([0.65], 0 if i % 5 == 0 else 1)
+    c = costs({1: 0.100, 2: 0.120, 3: 0.140})  # an extra row: a fifth of a pass
+    story = Controller(c, n_max=2, calibration=Calibration(parent=shared))
+    assert story.cut([0.65]) == 1  # believed at first: 0.8 beats the row's cost
+    cuts = []
+    for _ in range(10):
+        k = story.cut([0.65])
+        cuts.append(k)
+        if k:
+            story.update(k, 0, [0.65])
+    assert cuts.count(1) <= 4 and cuts[-1] == 0
+    assert shared.p(0.65) > 0.7  # every request's estimate moved little
+    # the next request starts from the shared estimate again
+    assert Controller(c, n_max=2, calibration=Calibration(parent=shared)).cut([0.65]) == 1
+    # and a request that keeps confirming it keeps drafting
+    copy = Controller(c, n_max=2, calibration=Calibration(parent=shared))
+    for _ in range(10):
+        assert copy.cut([0.65]) == 1
+        copy.update(1, 1, [0.65])
+
+
+def test_a_requests_acceptance_by_position_starts_from_every_requests():
+    shared = trained(0.9)
+    mine = AcceptanceTracker(parent=shared)
+    assert mine.rates(4) == pytest.approx(shared.rates(4))
+    for _ in range(6):  # this request's draft-model tokens keep failing at the first position
+        mine.update(4, 0)
+    assert mine.rate(0) < 0.4 < 0.85 < shared.rate(0)
+    c = costs({1: 0.100, 2: 0.120, 3: 0.140, 5: 0.200}, draft=0.030)
+    assert Controller(c, n_max=4, acceptance=shared).choose() > 0
+    assert Controller(c, n_max=4, acceptance=mine).choose() == 0
+
+
+def test_calibration_times_a_draft_token_without_the_first_calls_cost(models, monkeypatch):
+    """A model's first call pays one-time costs; timed once, they became the draft's cost per
+    token (three times the target's pass on the default pair), and auto never drafted."""
+    import time
+
+    target, draft, _ = models
+    e = Engine(target, draft, EngineConfig(ctx_size=512),
+               SpecConfig(types=["auto"], n_max=4, p_min=0.0))
+    forward = type(draft.model).forward
+    calls = []
+
+    def slow_first(self, *args, **kwargs):
+        if self is draft.model and kwargs.get("logits") != "none":
+            calls.append(1)
+            if len(calls) == 1:
+                time.sleep(0.5)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(draft.model), "forward", slow_first)
+    e.calibrate(0)
+    assert len(calls) >= 2
+    assert e.costs.draft_token < 0.25

@@ -34,6 +34,7 @@ from .promptcache import MIN_TOKENS, PromptCache
 from .schedule import prompt_order
 from .sequence import Request, Sequence
 from .speculative.controller import AcceptanceTracker, CostModel
+from .speculative.draft import draft_step_seconds
 from .speculative.speculator import Speculation
 from .speculative.verify import verify, verify_synthetic
 
@@ -300,10 +301,8 @@ class Engine:
             self.costs.record_prompt(rows, time.perf_counter() - t0)
         if self.draft is not None:
             at = self.draft_cache.length(slot)
-            t0 = time.perf_counter()
-            self.draft.model(torch.zeros(1, 1, dtype=torch.long), self.draft_cache, [slot],
-                             [at], logits="last")
-            self.costs.record_draft(1, time.perf_counter() - t0)
+            self.costs.record_draft(1, draft_step_seconds(self.draft.model, self.draft_cache,
+                                                          slot, at, self.spec.draft_vocab))
             rows = min(32, self.draft_cache.max_len - at - 1)
             if rows > 0:  # the draft reading a prompt chunk, per token
                 t0 = time.perf_counter()

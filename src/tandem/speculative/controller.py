@@ -88,8 +88,13 @@ class AcceptanceTracker:
     prior_misses: float = 1.0
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # what every request of this proposer showed: one request's estimate of position j starts
+    # from it (with the prior's weight) and its own drafts move it; its updates go there too
+    parent: AcceptanceTracker | None = None
 
     def update(self, k: int, n_accepted: int) -> None:
+        if self.parent is not None:
+            self.parent.update(k, n_accepted)
         last = min(n_accepted, k - 1)
         while len(self.reached) <= last:
             self.reached.append(0)
@@ -102,13 +107,17 @@ class AcceptanceTracker:
         """Posterior means of positions 0..n-1. Position 0's prior is Beta(prior_hits,
         prior_misses); position j's prior has the same weight around position j - 1's
         estimate, so a position never reached yet is expected to do as well as the one before
-        it (a controller that kept k short must still see what a longer k would give)."""
+        it (a controller that kept k short must still see what a longer k would give). With a
+        parent, each position's prior (same weight) is centred on the parent's estimate."""
         weight = self.prior_hits + self.prior_misses
         p = self.prior_hits / weight if weight > 0 else 1.0
+        centres = self.parent.rates(n) if self.parent is not None else None
         out = []
         for i in range(n):
             r = self.reached[i] if i < len(self.reached) else 0
             a = self.accepted[i] if i < len(self.accepted) else 0
+            if centres is not None:  # around what every request showed at this position
+                p = centres[i]
             if r + weight > 0:
                 p = (a + weight * p) / (r + weight)
             out.append(p)
@@ -140,8 +149,13 @@ class Calibration:
     weight: float = 2.0
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
-    conf_sum: float = 0.0  # the confidences of every reached token
+    conf_sum: float = 0.0  # the base estimates of every reached token (see `base`)
     hits: int = 0  # how many of them were accepted
+    # what every request of this proposer showed (a Calibration without parent). One
+    # request's calibration starts from it and corrects it by the request's own tokens, in the
+    # same two levels: texts differ (a summary copies its source, a story does not), and the
+    # same confidence is worth less in a request whose drafts keep failing
+    parent: Calibration | None = None
 
     def __post_init__(self) -> None:
         self.reached = self.reached or [0] * self.bins
@@ -150,26 +164,37 @@ class Calibration:
     def bin(self, conf: float) -> int:
         return min(self.bins - 1, max(0, int(conf * self.bins)))
 
+    def base(self, conf: float) -> float:
+        """The estimate before this calibration's own measurements: the confidence itself, or
+        the parent's calibrated probability for it."""
+        return conf if self.parent is None else self.parent.p(conf)
+
     @property
     def scale(self) -> float:
-        """Accepted tokens per unit of confidence, over every bin."""
+        """Accepted tokens per unit of base estimate, over every bin."""
         return (self.hits + self.weight) / (self.conf_sum + self.weight)
 
     def p(self, conf: float) -> float:
         b = self.bin(conf)
-        prior = min(1.0, conf * self.scale)
+        prior = min(1.0, self.base(conf) * self.scale)
         return (self.accepted[b] + self.weight * prior) / (self.reached[b] + self.weight)
 
     def seen(self, conf: float) -> int:
-        """How many reached tokens this confidence's bin has counted."""
+        """How many reached tokens this confidence's bin has counted (over every request)."""
+        if self.parent is not None:
+            return self.parent.seen(conf)
         return self.reached[self.bin(conf)]
 
     def update(self, conf: list[float], n_accepted: int) -> None:
-        for j in range(min(n_accepted + 1, len(conf))):
-            b = self.bin(conf[j])
+        reached = conf[:n_accepted + 1]
+        base = [self.base(c) for c in reached]  # before the parent learns from them
+        if self.parent is not None:
+            self.parent.update(conf, n_accepted)
+        for j, (c, e) in enumerate(zip(reached, base)):
+            b = self.bin(c)
             self.reached[b] += 1
             self.accepted[b] += j < n_accepted
-            self.conf_sum += conf[j]
+            self.conf_sum += e
             self.hits += j < n_accepted
 
 

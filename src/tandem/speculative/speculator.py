@@ -107,10 +107,13 @@ class Speculation:
             p.begin(list(prompt))
             ctl = None
             if spec.adaptive:
+                # this request's estimates, starting from every request's and learning into
+                # them: its own drafts soon outweigh what other kinds of text showed
                 acceptance, calibration = self.learned.setdefault(
                     t, (AcceptanceTracker(), Calibration()))
-                ctl = Controller(self.costs, n_max=n_max, acceptance=acceptance,
-                                 calibration=calibration)
+                ctl = Controller(self.costs, n_max=n_max,
+                                 acceptance=AcceptanceTracker(parent=acceptance),
+                                 calibration=Calibration(parent=calibration))
             entries.append(_Entry(p, ctl))
         return Speculator(self, entries, stats, guide if spec.enabled else None)
 

@@ -1,0 +1,149 @@
+"""The speculation policy on fixed pass costs: what `auto` chose, and what it would cost.
+
+On this shared machine two timed runs of the same policy differ by more than most policy
+changes do. Greedy decoding makes the texts and the drafts deterministic; only the
+controllers' cost estimates make the runs differ. So: measure the target's pass time for
+1..N rows, a draft-model token and a draft prompt token once (medians), freeze the engine's
+`CostModel` at those values, run every prompt with `--spec-type auto`, and count what the
+policy did: passes by rows, drafted and accepted tokens by proposer, draft tokens read. The
+modeled decode time is the sum of those at the frozen costs; the target alone's is
+tokens x t(1). The speed-ups are what the policy would give on a machine with these costs,
+without the noise (per-step overheads outside the passes are not in it).
+
+    python experiments/spec_policy.py --prompts bench/prompts/held-out-mix.jsonl \\
+        --n-predict 256 --out /tmp/policy.json
+
+Run it at two revisions (PYTHONPATH=<worktree>/src) to compare policies on the same costs:
+`--costs FILE` reuses a table an earlier run wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def measure(engine, rows_max: int, rounds: int = 5) -> dict:
+    """Median seconds of target passes of 1..rows_max rows, a draft token, a draft prompt
+    token (in a free cache area of slot 0)."""
+    cache, model = engine.cache, engine.target.model
+    base = 600  # a context of 600 tokens: the mix's typical
+    ids = torch.zeros(1, base, dtype=torch.long)
+    model(ids, cache, [0], [0], logits="none")
+    t: dict[int, list[float]] = {}
+    for _ in range(rounds):
+        for r in range(1, rows_max + 1):
+            t0 = time.perf_counter()
+            model(torch.zeros(1, r, dtype=torch.long), cache, [0], [base])
+            t.setdefault(r, []).append(time.perf_counter() - t0)
+    out = {"verify": {r: statistics.median(v) for r, v in t.items()}}
+    d = engine.speculation.draft
+    if d is not None:
+        dc = engine.speculation.draft_cache
+        t0 = time.perf_counter()
+        d.model(ids, dc, [0], [0], logits="none")
+        out["draft_prefill_token"] = (time.perf_counter() - t0) / base
+        steps = []
+        for _ in range(5 * rounds):
+            t0 = time.perf_counter()
+            d.model(torch.zeros(1, 1, dtype=torch.long), dc, [0], [base], logits="last")
+            steps.append(time.perf_counter() - t0)
+        out["draft_token"] = statistics.median(steps)
+    return out
+
+
+def main() -> int:
+    from tandem.config import EngineConfig, SamplingParams, SpecConfig
+    from tandem.engine import Request
+    from tandem.flags import load_engine
+    from tandem.speculative import controller, speculator
+    from tandem.speculative.draft import DraftModelProposer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--n-predict", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--costs", help="a costs table written by an earlier run (JSON)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    cfg = EngineConfig(ctx_size=4096, n_threads=a.threads)
+    spec = SpecConfig(types=["auto"]).resolved(True)
+    engine = load_engine("default", "default-draft", cfg, spec)
+    rows_max = spec.max_k + 1
+    if a.costs:
+        costs = json.loads(Path(a.costs).read_text())["costs"]
+        costs["verify"] = {int(r): s for r, s in costs["verify"].items()}
+    else:
+        costs = measure(engine, rows_max)
+    # frozen: every decision is taken on these costs, in every run
+    cm = engine.costs
+    cm.verify = dict(costs["verify"])
+    cm.draft_token, cm.draft_prefill_token = costs["draft_token"], costs["draft_prefill_token"]
+    engine._calibrated = True
+    for name in ("record_verify", "record_draft", "record_draft_prefill"):
+        setattr(controller.CostModel, name, lambda self, *args: None)
+
+    steps: list[tuple[str, int, int]] = []
+    fed: list[int] = []
+    accept = speculator.Speculator.accept
+
+    def logged_accept(self, draft, n, tokens):
+        steps.append((draft.source or "-", len(draft.ids), n))
+        return accept(self, draft, n, tokens)
+
+    speculator.Speculator.accept = logged_accept
+    prepare = DraftModelProposer.prepare
+
+    def logged_prepare(self, limit=None):
+        n = prepare(self, limit)
+        fed.append(n)
+        return n
+
+    DraftModelProposer.prepare = logged_prepare
+    tok = engine.target.tokenizer
+    tasks = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line]
+    v = costs["verify"]
+    results = []
+    for t in tasks:
+        steps.clear()
+        fed.clear()
+        seq = engine.generate(Request(tok.encode(t["prompt"]),
+                                      SamplingParams(n_predict=a.n_predict, temperature=0.0),
+                                      cache_prompt=False))
+        n = len(seq.output)
+        passes = sum(v[k + 1] for _, k, _ in steps)
+        drafting = costs["draft_token"] * sum(k for s, k, _ in steps if s == "draft")
+        reading = costs["draft_prefill_token"] * sum(fed)
+        by = {}
+        for s, k, acc in steps:
+            if k:
+                e = by.setdefault(s, [0, 0, 0])
+                e[0] += 1
+                e[1] += k
+                e[2] += acc
+        alone = n * v[1]
+        model = passes + drafting + reading
+        results.append({"task": t["task"], "tokens": n, "steps": len(steps), "drafts": by,
+                        "draft_read": sum(fed), "alone_s": alone, "auto_s": model,
+                        "speedup": alone / model if model else None})
+        r = results[-1]
+        print(f"{t['task']:32s} {n:4d} tokens {len(steps):4d} passes  modeled {r['speedup']:.3f}x"
+              f"  {by}  read {sum(fed)}", flush=True)
+    total_alone = sum(r["alone_s"] for r in results)
+    total = sum(r["auto_s"] for r in results)
+    print(f"overall modeled decode speed-up {total_alone / total:.3f}x; "
+          f"lowest {min(r['speedup'] for r in results):.3f}x")
+    Path(a.out).write_text(json.dumps({"costs": costs, "results": results,
+                                       "command": " ".join(sys.argv)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
