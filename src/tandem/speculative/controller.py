@@ -22,42 +22,29 @@ class CostModel:
     """Seconds per target pass by number of rows, and per draft token; running averages.
 
     A pass is measured only at the row count a step used, but this shared machine speeds up
-    and slows down for all row counts at once. So a measurement's step (a fifth of the way to
-    it, geometrically) is mostly the machine's: `common` of it moves every row count's cost and
-    the per-token costs of the draft and of prompt chunks, the rest moves only its own row
-    count (its shape). Otherwise costs measured in a slow spell would stay stale for the row
-    counts (and the draft model) the controller stopped using, and lock it into a short k, or
-    out of drafting altogether."""
+    and slows down for all row counts at once. So a measurement moves every row count's cost
+    by the same factor (the machine's drift) and its own row count a little more (its shape):
+    otherwise costs calibrated in a slow spell would stay stale for the row counts the
+    controller stopped using, and lock it into a short k."""
 
     verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
     draft_token: float | None = None
     draft_prefill_token: float | None = None  # the draft reading prompt tokens, per token
     prompt_token: float | None = None  # the target reading a prompt chunk, per row
     alpha: float = 0.2  # weight of a new measurement
-    common: float = 0.8  # the share of a measured change that is the machine's (every cost's)
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
 
     def record_verify(self, rows: int, seconds: float) -> None:
         old = self.verify.get(rows)
-        if old is None or old <= 0 or seconds <= 0:
+        if old is None or old <= 0:
             self.verify[rows] = seconds
             return
-        step = (seconds / old) ** self.alpha  # this row count's step (a running geometric mean)
-        drift = step ** self.common  # the machine's share of it: every cost moves by it
+        drift = 1 + self.alpha / 2 * (seconds / old - 1)  # half the step for every row count
         for r in self.verify:
             self.verify[r] *= drift
-        self.verify[rows] *= step / drift  # the rest: this row count's own shape
-        # the per-token costs run on the same cores: a draft token measured in a slow spell (or
-        # on a first call) must not stay dear after the machine sped up, as the draft model,
-        # judged too dear, is not called again to correct it
-        if self.draft_token is not None:
-            self.draft_token *= drift
-        if self.draft_prefill_token is not None:
-            self.draft_prefill_token *= drift
-        if self.prompt_token is not None:
-            self.prompt_token *= drift
+        self.verify[rows] = self._mix(old, seconds)  # the full step for the one measured
 
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
