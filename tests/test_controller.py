@@ -217,3 +217,20 @@ def test_calibration_times_a_draft_token_without_the_first_calls_cost(models, mo
     e.calibrate(0)
     assert len(calls) >= 2
     assert e.costs.draft_token < 0.25
+
+
+def test_draft_calls_that_give_nothing_count_in_the_cost_per_drafted_token():
+    """At p-min 0.75 the draft model often stops at its first token: that call cost a pass
+    and gave nothing to verify. Counted per token verified, a draft of one token after two
+    empty calls costs three passes, and the controller stops drafting where that loses."""
+    c = costs({1: 0.050, 2: 0.058, 3: 0.066}, draft=0.020)
+    ctl = Controller(c, n_max=2, acceptance=trained(0.85))
+    assert ctl.choose() > 0  # a 20 ms token accepted 85% of the time pays
+    c.alpha = 1.0  # the latest measurement, for the arithmetic
+    c.record_draft(0, 0.020)
+    c.record_draft(0, 0.020)
+    c.record_draft(1, 0.020)
+    assert c.draft_token == pytest.approx(0.060)
+    assert Controller(c, n_max=2, acceptance=trained(0.85)).choose() == 0
+    c.record_draft(2, 0.040)  # nothing pending: per token again
+    assert c.draft_token == pytest.approx(0.020)

@@ -32,6 +32,7 @@ class CostModel:
     draft_prefill_token: float | None = None  # the draft reading prompt tokens, per token
     prompt_token: float | None = None  # the target reading a prompt chunk, per row
     alpha: float = 0.2  # weight of a new measurement
+    _pending: float = 0.0  # seconds of draft calls that gave no token yet to verify
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
@@ -47,8 +48,14 @@ class CostModel:
         self.verify[rows] = self._mix(old, seconds)  # the full step for the one measured
 
     def record_draft(self, tokens: int, seconds: float) -> None:
+        """A draft call of `seconds` that gave `tokens` tokens to verify. A call that gave
+        none (the draft model below p-min at its first token, or a draft cut to nothing) still
+        cost its passes: that time is carried into the next call that gives tokens, so the
+        cost per token is per token verified, what the controller's k pays for."""
+        self._pending += seconds
         if tokens > 0:
-            self.draft_token = self._mix(self.draft_token, seconds / tokens)
+            self.draft_token = self._mix(self.draft_token, self._pending / tokens)
+            self._pending = 0.0
 
     def record_prompt(self, rows: int, seconds: float) -> None:
         if rows > 0:

@@ -212,12 +212,13 @@ class Speculator:
                 d = p.propose(k)
                 dt = time.perf_counter() - t0
                 self.stats.t_draft += dt
-                # the per-token cost of drafting; a draft that first caught up on many tokens
-                # it skipped while idle (k = 0 steps) would overstate it: not recorded
-                if catch_up <= 2:
-                    costs.record_draft(max(len(d.ids), 1), dt)
                 if ctl is not None and d.ids and d.conf is not None:
                     d = d.cut(ctl.cut(d.conf, *batch))
+                # the cost of drafting per token verified (calls that gave none count too); a
+                # draft that first caught up on many tokens it skipped while idle (k = 0 steps)
+                # would overstate it: not recorded
+                if catch_up <= 2:
+                    costs.record_draft(len(d.ids), dt)
             if d.ids:
                 self._by = e
                 self.covered += p.free
