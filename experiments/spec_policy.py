@@ -14,7 +14,9 @@ without the noise (per-step overheads outside the passes are not in it).
         --n-predict 256 --out /tmp/policy.json
 
 Run it at two revisions (PYTHONPATH=<worktree>/src) to compare policies on the same costs:
-`--costs FILE` reuses a table an earlier run wrote.
+`--costs FILE` reuses a table an earlier run wrote. `--pool N` gives the suffix proposer a pool
+of N earlier output tokens (`--spec-suffix-pool`); `--passes P` runs the prompts P times in one
+engine (a later pass may answer a repeated prompt from the pool), each pass reported apart.
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ def main() -> int:
     ap.add_argument("--n-predict", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--costs", help="a costs table written by an earlier run (JSON)")
+    ap.add_argument("--pool", type=int, default=0, help="--spec-suffix-pool (0: off)")
+    ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     cfg = EngineConfig(ctx_size=4096, n_threads=a.threads)
-    spec = SpecConfig(types=["auto"]).resolved(True)
+    spec = SpecConfig(types=["auto"], suffix_pool=a.pool).resolved(True)
     engine = load_engine("default", "default-draft", cfg, spec)
     rows_max = spec.max_k + 1
     if a.costs:
@@ -111,7 +115,7 @@ def main() -> int:
     tasks = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line]
     v = costs["verify"]
     results = []
-    for t in tasks:
+    for t in [dict(t, run=i) for i in range(a.passes) for t in tasks]:
         steps.clear()
         fed.clear()
         seq = engine.generate(Request(tok.encode(t["prompt"]),
@@ -130,16 +134,18 @@ def main() -> int:
                 e[2] += acc
         alone = n * v[1]
         model = passes + drafting + reading
-        results.append({"task": t["task"], "tokens": n, "steps": len(steps), "drafts": by,
+        results.append({"task": t["task"], "pass": t["run"], "tokens": n, "steps": len(steps), "drafts": by,
                         "draft_read": sum(fed), "alone_s": alone, "auto_s": model,
                         "speedup": alone / model if model else None})
         r = results[-1]
-        print(f"{t['task']:32s} {n:4d} tokens {len(steps):4d} passes  modeled {r['speedup']:.3f}x"
+        print(f"{t['run']} {t['task']:32s} {n:4d} tokens {len(steps):4d} passes  modeled {r['speedup']:.3f}x"
               f"  {by}  read {sum(fed)}", flush=True)
-    total_alone = sum(r["alone_s"] for r in results)
-    total = sum(r["auto_s"] for r in results)
-    print(f"overall modeled decode speed-up {total_alone / total:.3f}x; "
-          f"lowest {min(r['speedup'] for r in results):.3f}x")
+    for i in range(a.passes):
+        rs = [r for r in results if r["pass"] == i]
+        total_alone = sum(r["alone_s"] for r in rs)
+        total = sum(r["auto_s"] for r in rs)
+        print(f"pass {i}: overall modeled decode speed-up {total_alone / total:.3f}x; "
+              f"lowest {min(r['speedup'] for r in rs):.3f}x")
     Path(a.out).write_text(json.dumps({"costs": costs, "results": results,
                                        "command": " ".join(sys.argv)}, indent=1))
     return 0

@@ -380,8 +380,38 @@ def test_side_by_side_is_against_llama_cpp_alone(tmp_path):
     assert rows["llama-none"]["prompt_tokens_per_second"] == pytest.approx(200.0)
     assert cand["prompt_tokens_per_second"] is None  # not reported: shown as "-"
     text = sidebyside.side_by_side_markdown(sidebyside.side_by_side(runs))
-    assert "| candidate (candidate.json) | 1.35 (1.10-1.60) | 1.56x (1.25-2.00) | - | 20.0 |" in text
-    assert "| llama-none (llama-none.json) | 2.10 (2.00-2.20) | 1.00x (1.00-1.00) | 200.0 |" in text
+    # over each engine's own target alone, the first pass apart from the later ones (where
+    # a configuration remembering earlier requests may answer a repeated prompt from memory)
+    assert cand["vs_own_first"] == pytest.approx(2.5 / 1.6)
+    assert cand["vs_own_later"] == pytest.approx(2.6 / 1.1)
+    assert rows["llama-none"]["vs_own_first"] == pytest.approx(1.0)
+    assert ("| candidate (candidate.json) | 1.35 (1.10-1.60) | 1.56x (1.25-2.00) | "
+            "1.56x / 2.36x | - | 20.0 |") in text
+    assert ("| llama-none (llama-none.json) | 2.10 (2.00-2.20) | 1.00x (1.00-1.00) | "
+            "1.00x / 1.00x | 200.0 |") in text
+
+
+def test_side_by_side_speedup_over_own_target_alone(tmp_path):
+    """A llama.cpp configuration is measured against llama.cpp alone, Tandem's against Tandem
+    alone; one pass gives no later figure."""
+    def run(name, walls):
+        reqs = [request(t, p, w / 2, ms=500.0, n=10, content="x")
+                for p, w in enumerate(walls) for t in "ab"]
+        return name, compare.load_run(bench_file(tmp_path / f"{name}.json", name, reqs), name)
+
+    runs = [run("baseline", [3.0, 3.0, 3.0]), run("candidate", [2.0, 1.5, 1.0]),
+            run("llama-none", [4.0, 4.0, 4.0]), run("llama-ngram-mod", [3.2, 2.0, 1.6])]
+    rows = {r["name"]: r for r in sidebyside.side_by_side(runs)}
+    assert rows["candidate"]["vs_own_first"] == pytest.approx(1.5)
+    assert rows["candidate"]["vs_own_later"] == pytest.approx((2.0 + 3.0) / 2)
+    assert rows["llama-ngram-mod"]["vs_own_first"] == pytest.approx(1.25)
+    assert rows["llama-ngram-mod"]["vs_own_later"] == pytest.approx((2.0 + 2.5) / 2)
+    one = [(n, compare.load_run(bench_file(tmp_path / f"{n}1.json", n, [
+        request(t, 0, 1.0, ms=500.0, n=10, content="x") for t in "ab"]), n))
+        for n in ("baseline", "llama-none")]
+    (row, _) = sidebyside.side_by_side(one)
+    assert row["vs_own_later"] is None
+    assert "| 1.00x / - |" in sidebyside.side_by_side_markdown([row])
 
 
 # ---- --load: concurrent streamed requests -------------------------------------------------------

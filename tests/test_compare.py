@@ -159,6 +159,10 @@ def test_wall_time_spread_speedup_range_and_overall_totals(tmp_path):
     assert overall.baseline.wall_s.median == pytest.approx(3.0)
     assert overall.speedup == pytest.approx(3.0 / 2.5)
     assert overall.speedup_range == pytest.approx((2.9 / 2.6, 3.2 / 2.4))
+    # each pass apart, in order: the first saw every prompt for the first time
+    assert overall.per_pass == pytest.approx([3.0 / 2.5, 3.2 / 2.4, 2.9 / 2.6, 3.1 / 2.5, 1.2])
+    assert "overall, pass by pass: 1.20x, 1.33x, 1.12x, 1.24x, 1.20x" in "\n".join(
+        compare.notes(list(results.values())))
     # (10 tokens x 20 ms + 20 tokens x 10 ms) / (100 ms + 200 ms)
     assert overall.arithmetic.speedup == pytest.approx(400 / 300)
     assert overall.arithmetic.reference_ms_per_token == pytest.approx(400 / 30)

@@ -208,7 +208,11 @@ def test_repetition_and_probabilities(page, srv):
     msg = stored_answer(page)
     want = api_answer(srv, text, temperature=0, max_tokens=200, **{"speculative.type": "suffix"})
     assert msg["content"] == want["choices"][0]["message"]["content"]
-    assert sum(t[1] == "s" for t in msg["tokens"]) == want["timings"]["draft_n_accepted"] > 0
+    # the tokens the page marks are those the server reported accepted for this answer (the
+    # API's second asking may draft more: the suffix pool remembers the first answer)
+    accepted = msg["stats"]["timings"]["draft_n_accepted"]
+    assert sum(t[1] == "s" for t in msg["tokens"]) == accepted > 0
+    assert want["timings"]["draft_n_accepted"] >= accepted
     assert page.locator(".msg.assistant .tok.o-s").count() > 0
     assert page.locator(".msg.assistant .tok.o-d").count() == 0
     title = page.locator(".msg.assistant .tok.o-s").first.get_attribute("title")

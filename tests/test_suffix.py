@@ -99,7 +99,7 @@ def test_outputs_of_earlier_requests_are_found_in_the_pool():
     first = proposer([50, 51], pool=pool)
     first.accept(0, [10, 11, 12, 13, 14, 15, 16])  # the first request's output
     first.end()
-    assert pool.docs and list(pool.docs.values())[0] == [10, 11, 12, 13, 14, 15, 16]
+    assert pool.docs == [[10, 11, 12, 13, 14, 15, 16]]
     second = proposer([60, 61, 10, 11, 12], pool=pool)  # never saw 13 itself
     assert second.propose(4).ids == [13, 14, 15, 16]
     # without the pool nothing is known
@@ -107,20 +107,38 @@ def test_outputs_of_earlier_requests_are_found_in_the_pool():
 
 
 def test_the_pool_keeps_its_budget_and_evicts_the_least_recently_used():
-    pool = SuffixPool(max_tokens=40)
+    pool = SuffixPool(max_tokens=40)  # two generations of 20 tokens
     docs = [[100 * d + i for i in range(10)] for d in range(4)]
     for doc in docs:
         pool.add(doc)
-    assert pool.size == 40
-    # a draft from the oldest output makes it the most recently used
-    assert pool.propose([0, 1, 2], 3)[0] == [3, 4, 5]
-    pool.touch(pool.propose([0, 1, 2], 3)[2])
-    pool.add([500 + i for i in range(10)])  # over budget: down to 3/4 of it
-    assert pool.size <= 30
-    kept = list(pool.docs.values())
-    assert docs[0] in kept and docs[1] not in kept and docs[2] not in kept
-    assert pool.propose([300, 301], 2)[0] == [302, 303]  # the index was rebuilt
-    assert pool.propose([100, 101], 2)[0] == []
+    assert pool.size == 40 and pool.docs == docs
+    # a draft from the oldest output makes it the most recently used: it is carried over
+    ids, _, at = pool.propose([0, 1, 2], 3)
+    assert ids == [3, 4, 5]
+    pool.touch(at)
+    assert pool.size <= 40 and docs[0] in pool.docs and docs[1] not in pool.docs
+    pool.add([500 + i for i in range(10)])
+    pool.add([600 + i for i in range(10)])
+    assert pool.size <= 40
+    assert docs[0] in pool.docs and docs[2] not in pool.docs and docs[3] not in pool.docs
+    assert pool.propose([0, 1, 2], 3)[0] == [3, 4, 5]  # still found
+    assert pool.propose([601, 602], 2)[0] == [603, 604]  # the newest too
+    assert pool.propose([300, 301], 2)[0] == []  # evicted: never proposed again
+    # an output over half the budget keeps its end
+    pool.add(list(range(1000, 1030)))
+    assert pool.docs[-1] == list(range(1010, 1030)) and pool.size <= 40
+
+
+def test_the_pool_drops_a_generation_instead_of_rebuilding_its_index():
+    pool = SuffixPool(max_tokens=200)
+    for d in range(50):
+        pool.add([1000 * d + i for i in range(10)])
+        assert pool.size <= 200
+    # every output within the last two generations is found, the oldest are gone
+    assert pool.propose([49000, 49001], 3)[0] == [49002, 49003, 49004]
+    assert pool.propose([40000, 40001], 3)[0] == [40002, 40003, 40004]
+    assert pool.propose([0, 1], 3)[0] == []
+    assert len(pool.old.index.tokens) <= 110 and len(pool.new.index.tokens) <= 110
 
 
 def test_overconfident_proposers_are_calibrated_by_what_was_accepted():
@@ -196,3 +214,58 @@ def test_tokens_still_to_come_follow_the_earlier_answers_that_got_as_far():
     assert s.expected_remaining(20, 256) == 200  # past 20 tokens only the long ones count
     assert s.expected_remaining(20, 50) == 50  # never more than the budget
     assert s.expected_remaining(230, 256) == 256  # fewer than 3 got this far: the budget
+
+
+def _pool_speculation(pool_doc: list[int]):
+    from tandem.speculative.controller import CostModel
+    from tandem.speculative.speculator import Speculation
+
+    shared = Speculation(None, None, 64, pool_tokens=1000)
+    shared.costs = CostModel()
+    shared.costs.verify = {r: 0.1 + 0.01 * (r - 1) for r in range(1, 18)}  # rows are cheap
+    shared.pool.add(pool_doc)
+    return shared
+
+
+def _start(shared, prompt):
+    from tandem.config import SamplingParams, SpecConfig
+    from tandem.speculative.stats import SpecStats
+
+    spec = SpecConfig(types=["auto"], suffix_pool=1000).resolved(False)
+    return shared.start(spec, 0, SamplingParams(temperature=0.0), None, prompt, SpecStats())
+
+
+def test_pool_drafts_are_calibrated_apart_from_the_requests_own():
+    """A match in another request's output says less than one in the request's own text: the
+    pool's drafts that fail teach the pool's calibration, not the suffix proposer's own."""
+    from tandem.speculative.suffix import OWN, POOL
+
+    shared = _pool_speculation([10, 11, 12, 13, 14, 15, 16, 17])
+    spec = _start(shared, [60, 61, 10, 11, 12])  # only the pool knows what followed 12
+    d = spec.draft(8, 100)
+    assert d.ids[:2] == [13, 14]
+    spec.accept(d, 0, [99])  # the target disagreed
+    pool_cal, own_cal = shared.learned[POOL][1], shared.learned[OWN][1]
+    assert pool_cal.seen(d.conf[0]) > 0 and own_cal.seen(d.conf[0]) == 0
+
+
+def test_the_draft_verified_is_the_one_its_calibration_says_pays_more():
+    from tandem.speculative.controller import AcceptanceTracker, Calibration
+    from tandem.speculative.suffix import OWN, POOL
+
+    def trained(rate_hit: bool) -> Calibration:
+        cal = Calibration()
+        for _ in range(60):
+            cal.update([0.7, 0.7, 0.7], 3 if rate_hit else 0)
+        return cal
+
+    # the request's own text continues (1, 2, 3) with 7; the pool's output with 8, 9 twice
+    prompt = [1, 2, 3, 7, 5, 1, 2, 3]
+    pool_doc = [1, 2, 3, 8, 9, 1, 2, 3, 8, 9]
+    for good, first in ((OWN, 7), (POOL, 8)):
+        shared = _pool_speculation(pool_doc)
+        bad = POOL if good == OWN else OWN
+        shared.learned[good] = (AcceptanceTracker(), trained(True))
+        shared.learned[bad] = (AcceptanceTracker(), trained(False))
+        d = _start(shared, prompt).draft(4, 100)
+        assert d.ids and d.ids[0] == first, (good, d)

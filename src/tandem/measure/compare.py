@@ -112,6 +112,8 @@ class TaskResult:
     speedup_range: tuple[float, float] | None = None  # min, max of per-pass ratios
     arithmetic: Arithmetic | None = None
     tasks: list[str] = field(default_factory=list)  # overall row only: tasks included
+    # overall row only: each pass's speed-up, in pass order (the first saw every prompt first)
+    per_pass: list[float] = field(default_factory=list)
 
 
 # ---- loading ---------------------------------------------------------------------------------
@@ -307,6 +309,7 @@ def compare_overall(tasks: list[str], base: Run, cand: Run) -> TaskResult:
     b, c = pass_totals(base, tasks, passes), pass_totals(cand, tasks, passes)
     result = TaskResult("overall", True, [], side_stats(b), side_stats(c), tasks=tasks)
     pairs = [(x.wall_s, y.wall_s) for x, y in zip(b, c)]
+    result.per_pass = [x / y for x, y in pairs if y > 0]
     result.speedup, result.speedup_range = speedup_of(
         [x.wall_s for x in b], [y.wall_s for y in c], pairs)
     per_task = [compare_task(t, base, cand).arithmetic for t in tasks]
@@ -397,6 +400,11 @@ def notes(results: list[TaskResult]) -> list[str]:
     *tasks, overall = results
     if overall.tasks and len(overall.tasks) < len(tasks):
         lines.append(f"overall: per-pass totals over {', '.join(overall.tasks)} only")
+    if len(overall.per_pass) > 1:
+        lines.append("overall, pass by pass: " + ", ".join(f"{x:.2f}x" for x in overall.per_pass)
+                     + " (the first pass saw every prompt for the first time; a server that "
+                     "remembers earlier answers, --spec-suffix-pool, may draft a repeated "
+                     "prompt's answer from memory in later ones)")
     return lines
 
 

@@ -273,9 +273,16 @@ class Controller:
         chunk (rows that yield nothing) drafts are cheap; in a pass of many generating
         sequences that is already compute-bound each row costs about what it yields and k
         falls to 0."""
+        k, gain = self.gain(conf, rows, tokens)
+        return self.decide(k, gain, conf)
+
+    def gain(self, conf: list[float], rows: int = 0, tokens: int = 0) -> tuple[int, float]:
+        """The k `cut` would take before its margin, and that k's predicted rate over plain
+        decoding (1.0: no better; inf: nothing measured yet, verify all of it). Pure: two
+        drafts can be weighed (`Speculator`) before one is chosen."""
         t1 = self.costs.verify_time(rows + 1)
         if t1 is None or not conf:
-            return len(conf)  # nothing measured yet: verify it, and measure
+            return len(conf), float("inf")  # nothing measured yet: verify it, and measure
         plain = (tokens + 1.0) / t1
         best_rate, best_k = 0.0, 0
         expected, p = tokens + 1.0, 1.0
@@ -287,11 +294,16 @@ class Controller:
                 break
             if expected / t > best_rate:
                 best_rate, best_k = expected / t, k
-        if best_rate > plain * (1 + self.margin):
+        return best_k, best_rate / plain
+
+    def decide(self, k: int, gain: float, conf: list[float]) -> int:
+        """`cut`'s answer from `gain`'s: k when it beats plain decoding by the margin, else 0
+        or, every `probe_every` such steps, a 1-token probe of an unmeasured bin."""
+        if gain > 1 + self.margin:
             self._idle = 0
-            return best_k
+            return k
         self._idle += 1
-        if self._idle >= self.probe_every and self.calibration.seen(conf[0]) < 8:
+        if conf and self._idle >= self.probe_every and self.calibration.seen(conf[0]) < 8:
             self._idle = 0
             return 1
         return 0

@@ -32,13 +32,14 @@ from .draft import DraftModelProposer
 from .ngram import NgramProposer
 from .proposer import Draft, Proposer
 from .stats import SpecStats
-from .suffix import SuffixPool, SuffixProposer
+from .suffix import OWN, POOL, SuffixPool, SuffixProposer
 
 
 @dataclass(slots=True)
 class _Entry:
     proposer: Proposer
     controller: Controller | None  # None: the proposer's own fixed rule (no auto)
+    pool: Controller | None = None  # the suffix pool's drafts, calibrated apart (auto)
 
 
 class Speculation:
@@ -105,17 +106,22 @@ class Speculation:
             if isinstance(p, DraftModelProposer):
                 p.guide = guide
             p.begin(list(prompt))
-            ctl = None
+            ctl = pool = None
             if spec.adaptive:
                 # this request's estimates, starting from every request's and learning into
                 # them: its own drafts soon outweigh what other kinds of text showed
-                acceptance, calibration = self.learned.setdefault(
-                    t, (AcceptanceTracker(), Calibration()))
-                ctl = Controller(self.costs, n_max=n_max,
-                                 acceptance=AcceptanceTracker(parent=acceptance),
-                                 calibration=Calibration(parent=calibration))
-            entries.append(_Entry(p, ctl))
+                ctl = self._controller(t, n_max)
+                if t == "suffix" and self.pool is not None:
+                    pool = self._controller(POOL, n_max)
+            entries.append(_Entry(p, ctl, pool))
         return Speculator(self, entries, stats, guide if spec.enabled else None)
+
+    def _controller(self, kind: str, n_max: int) -> Controller:
+        acceptance, calibration = self.learned.setdefault(kind, (AcceptanceTracker(),
+                                                                 Calibration()))
+        return Controller(self.costs, n_max=n_max,
+                          acceptance=AcceptanceTracker(parent=acceptance),
+                          calibration=Calibration(parent=calibration))
 
 
 class Speculator:
@@ -126,6 +132,7 @@ class Speculator:
         self.shared, self.entries, self.stats = shared, entries, stats
         self.guide = guide  # the request's grammar (with speculation on)
         self._by: _Entry | None = None  # the entry whose proposer drafted this step
+        self._ctl: Controller | None = None  # ... and the controller that sized its draft
         self._ended = False
         self.produced = 0  # tokens generated so far
         self.steps = 0  # drafting opportunities so far
@@ -179,7 +186,11 @@ class Speculator:
         costs = self.shared.costs
         for e in self.entries:
             p, ctl = e.proposer, e.controller
-            if p.free:
+            if p.free and e.pool is not None:
+                t0 = time.perf_counter()
+                d, ctl = self._own_or_pool(e, budget, batch)
+                self.stats.t_draft += time.perf_counter() - t0
+            elif p.free:
                 t0 = time.perf_counter()
                 d = p.propose(budget)
                 self.stats.t_draft += time.perf_counter() - t0
@@ -220,11 +231,28 @@ class Speculator:
                 if catch_up <= 2:
                     costs.record_draft(len(d.ids), dt)
             if d.ids:
-                self._by = e
+                self._by, self._ctl = e, ctl
                 self.covered += p.free
                 d.source = p.kind
                 return d
         return Draft([])
+
+    def _own_or_pool(self, e: _Entry, budget: int,
+                     batch: tuple[int, int]) -> tuple[Draft, Controller]:
+        """The suffix proposer's two drafts (the request's own tokens, the pool of earlier
+        outputs), each weighed by its own calibration: the one whose best cut is predicted to
+        beat plain decoding by more is cut and verified (the own draft on a tie)."""
+        own, pooled = e.proposer.options(budget)
+        scored = [(c.gain(d.conf, *batch), kind, d, c)
+                  for kind, d, c in ((OWN, own, e.controller), (POOL, pooled, e.pool))
+                  if d.ids]
+        if not scored:
+            return Draft([]), e.controller
+        (k, gain), kind, d, ctl = max(scored, key=lambda x: x[0][1])
+        d = d.cut(ctl.decide(k, gain, d.conf))
+        if d.ids:
+            e.proposer.chosen(kind)
+        return d, ctl
 
     def _catch_up_pays(self, n_max: int, n: int, remaining: float) -> bool:
         """Whether feeding the draft n unseen tokens now is likely to be paid back by the rest
@@ -253,9 +281,8 @@ class Speculator:
         if not k:
             return
         self.stats.record(k, n_accepted)
-        e = self._by
-        if e is not None and e.controller is not None:  # (the draft's: draft_history)
-            e.controller.update(k, n_accepted, draft.conf)
+        if self._by is not None and self._ctl is not None:  # (the draft's: draft_history)
+            self._ctl.update(k, n_accepted, draft.conf)
 
     def shift(self, keep: int, discard: int) -> None:
         """The sequence lost tokens keep .. keep + discard - 1 (the engine's context shift)."""
