@@ -280,3 +280,23 @@ def test_embeddings_caches_are_counted_for_the_target():
     assert on.rows[0].kv_cache == off.rows[0].kv_cache + extra
     assert on.rows[1].kv_cache == off.rows[1].kv_cache  # the draft embeds nothing
     assert "embeddings' caches" in on.format() and "embeddings" not in off.format()
+
+
+def test_the_suffix_pool_is_counted_where_speculation_searches_it():
+    """The pool of earlier answers (--spec-suffix-pool, on by default under auto) holds an index
+    of ~1.1 KB per token: a large budget must show in the plan, and none without speculation."""
+    from tandem.check import _pool_tokens
+    from tandem.config import SpecConfig
+    from tandem.memory import POOL_BYTES_PER_TOKEN
+
+    t = ModelSpec("target", ARGS, TENSORS, "big.gguf")
+    cfg = EngineConfig(ctx_size=256)
+    bare = plan([t], cfg, 0, available=10**12)
+    assert bare.pool == 0 and "suffix pool" not in bare.format()
+    auto = SpecConfig(types=["auto"], suffix_pool=1_000_000).resolved(False)
+    assert _pool_tokens(auto) == 1_000_000
+    assert _pool_tokens(SpecConfig(types=["none"], suffix_pool=1_000_000).resolved(False)) == 0
+    big = plan([t], cfg, 0, available=10**12, pool_tokens=_pool_tokens(auto))
+    assert big.pool == 1_000_000 * POOL_BYTES_PER_TOKEN
+    assert big.total == bare.total + big.pool
+    assert "suffix pool of earlier answers, when full" in big.format()

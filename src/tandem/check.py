@@ -55,7 +55,8 @@ def run(a: argparse.Namespace) -> int:
                   f"context of {m.args.max_seq_len} tokens; quality degrades beyond it")
     compat = None if draft is None else check_compatible(target.tokenizer, draft.tokenizer)
     print(_compat_line(compat))
-    mem = plan([m.spec for m in (target, draft) if m is not None], cfg, spec.spare_positions)
+    mem = plan([m.spec for m in (target, draft) if m is not None], cfg, spec.spare_positions,
+               pool_tokens=_pool_tokens(spec))
     print(mem.format())
     return _verdict(compat, mem)
 
@@ -67,7 +68,13 @@ def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: st
     models = [inspect_model("target", model).spec]
     if spec.uses_draft:
         models.append(inspect_model("draft", model_draft).spec)
-    return plan(models, cfg, spec.spare_positions, embeddings=embeddings)
+    return plan(models, cfg, spec.spare_positions, embeddings=embeddings,
+                pool_tokens=_pool_tokens(spec))
+
+
+def _pool_tokens(spec: SpecConfig) -> int:
+    """The suffix pool's budget where the server's speculation searches it."""
+    return spec.suffix_pool if "suffix" in (spec.types or ()) else 0
 
 
 def inspect_model(role: str, model: str) -> ModelInfo:

@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 
 INT4_GROUP = 32
 TORCH_RUNTIME_BYTES = 223_600 * 1024
+# the suffix pool's index per output token it holds (Python lists and dicts: 72 MB for 65536
+# tokens under tracemalloc, bench/results/suffix-pool)
+POOL_BYTES_PER_TOKEN = 1100
 MiB = 1 << 20
 VOCAB_ENTRY_BYTES = 690  # tokenizer + parsed metadata per vocabulary entry (see above)
 GiB = 1 << 30
@@ -123,10 +126,11 @@ class MemoryPlan:
     available: int
     available_source: str  # where `available` came from, for the table
     settings: str = ""
+    pool: int = 0  # the suffix pool's index when full (--spec-suffix-pool)
 
     @property
     def total(self) -> int:
-        return sum(r.total for r in self.rows) + self.runtime
+        return sum(r.total for r in self.rows) + self.runtime + self.pool
 
     @property
     def fits(self) -> bool:
@@ -145,6 +149,9 @@ class MemoryPlan:
         if self.runtime:
             lines.append(f"{'PyTorch runtime':<40} {'':>10} {'':>10} {'':>10} "
                          f"{fmt_bytes(self.runtime):>10}")
+        if self.pool:
+            lines.append(f"{'suffix pool of earlier answers, when full':<40} {'':>10} {'':>10} "
+                         f"{'':>10} {fmt_bytes(self.pool):>10}")
         lines.append(f"{'total':<40} {'':>32} {fmt_bytes(self.total):>10}")
         lines.append(f"{'available (' + self.available_source + ')':<40} {'':>32} "
                      f"{fmt_bytes(self.available):>10}")
@@ -281,12 +288,13 @@ def available_memory() -> tuple[int, str]:
 
 
 def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
-         available: int | None = None, embeddings: bool = False) -> MemoryPlan:
+         available: int | None = None, embeddings: bool = False,
+         pool_tokens: int = 0) -> MemoryPlan:
     """The memory the engine will hold for these models under `cfg` (context, slots, weights,
     dtype, prefill chunk), with max_k spare positions per slot; `available` overrides the
     probe. embeddings (--embedding, --reranking): the target's KV also counts Engine.embed's
     caches, --batch-size positions kept for one-pass inputs and one slot's context for a long
-    input pooled last (embedding.py)."""
+    input pooled last (embedding.py). pool_tokens: the suffix pool's budget (counted full)."""
     if not isinstance(max_k, int) or max_k < 0:
         raise TandemError(f"max drafted tokens must be an integer >= 0, got {max_k!r}")
     # the most rows a pass holds: a prompt chunk read alone (or --batch-size, if larger)
@@ -325,7 +333,8 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     settings += (", no host prompt cache" if ram == 0 else
                  ", host prompt cache as it grows, no limit (--cache-ram -1)" if ram is None else
                  f", host prompt cache up to {ram >> 20} MiB as it grows (--cache-ram)")
-    return MemoryPlan(rows, TORCH_RUNTIME_BYTES, available, source, settings)
+    return MemoryPlan(rows, TORCH_RUNTIME_BYTES, available, source, settings,
+                      pool_tokens * POOL_BYTES_PER_TOKEN)
 
 
 def _dtype_name(el: int) -> str:
