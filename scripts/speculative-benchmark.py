@@ -166,12 +166,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
-    add("--label", required=True, help="name of this run, e.g. baseline or ngram")
-    add("--output", required=True, help="JSON file to write the results to")
+    add("--label", help="name of this run, e.g. baseline or ngram (required)")
+    add("--output", help="JSON file to write the results to (required)")
     add("--url", default="http://127.0.0.1:8080", help="server base URL (default: %(default)s)")
     add("--prompts", help='JSONL file, one {"task": ..., "prompt": ..., "n_predict": ...} per '
         "line, n_predict optional (default: the 3 built-in tasks)")
-    add("--passes", type=int, default=5, help="measured passes (default: %(default)s)")
+    add("--tasks", default=None,
+        help="only these tasks, comma-separated names (default: every task)")
+    add("--list-tasks", action="store_true",
+        help="print the task names, one per line, and exit (no server needed)")
+    add("--passes", type=int, default=5,
+        help="measured passes (default: %(default)s; 0 with --warmup: warm-up only)")
     add("--warmup", type=int, default=1, help="unmeasured passes first (default: %(default)s)")
     add("--n-predict", type=int, default=256, help="tokens per request (default: %(default)s)")
     add("--seed", type=int, default=1234, help="seed sent with each request (default: %(default)s)")
@@ -188,6 +193,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--max-time", type=float, default=0.0,
         help="load mode: send no request after this many seconds (default: no limit)")
     args = parser.parse_args(argv)
+    if args.list_tasks:
+        return args
+    for name in ("label", "output"):
+        if getattr(args, name) is None:
+            parser.error(f"--{name} is required")
     if args.concurrency < 0:
         parser.error(f"--concurrency must be 0 (off) or more, got {args.concurrency}")
     if args.rate < 0:
@@ -196,8 +206,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--requests and --max-time must be 0 (unset) or positive")
     if (args.requests or args.max_time) and not (args.concurrency or args.rate):
         parser.error("--requests and --max-time need load mode: --concurrency or --rate")
-    if args.passes < 1:
-        parser.error(f"--passes must be at least 1, got {args.passes}")
+    if args.passes < 0 or (args.passes == 0 and args.warmup == 0):
+        parser.error(f"--passes must be at least 1 (or 0 with --warmup, a warm-up only), "
+                     f"got {args.passes}")
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
     if args.n_predict < 1:
@@ -210,9 +221,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_tasks(path: str | None, n_predict: int) -> list[dict]:
-    """The built-in tasks, or those of a JSONL file; each gets its n_predict."""
+def load_tasks(path: str | None, n_predict: int, names: str | None = None) -> list[dict]:
+    """The built-in tasks, or those of a JSONL file, in their order; with `names` (comma-
+    separated) only those; each gets its n_predict."""
     raw = BUILTIN_TASKS if path is None else read_prompts_file(path)
+    if names is not None:
+        wanted = [n.strip() for n in names.split(",") if n.strip()]
+        known = [t["task"] for t in raw]
+        where = "the built-in tasks" if path is None else f"--prompts file {path!r}"
+        for n in wanted:
+            if n not in known:
+                raise BenchError(f"--tasks: no task named {n!r} in {where}; its tasks: "
+                                 f"{', '.join(known)}", EXIT_USAGE)
+        if not wanted:
+            raise BenchError("--tasks: no task named; expected comma-separated task names",
+                             EXIT_USAGE)
+        raw = [t for t in raw if t["task"] in wanted]
     return [{**t, "n_predict": t.get("n_predict", n_predict)} for t in raw]
 
 
@@ -553,7 +577,7 @@ def write_json(path: str, result: dict) -> None:
 
 
 def benchmark(args: argparse.Namespace) -> dict:
-    tasks = load_tasks(args.prompts, args.n_predict)
+    tasks = load_tasks(args.prompts, args.n_predict, args.tasks)
     base = args.url.rstrip("/")
     check_health(base, args.timeout)
     props = fetch_props(base, args.timeout)
@@ -567,7 +591,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         measured, load = run_load(base, tasks, args)
     else:
         warmup, measured = run_passes(base, tasks, args)
-    names = ("url", "prompts", "passes", "warmup", "n_predict", "seed", "timeout", "stream",
+    names = ("url", "prompts", "tasks", "passes", "warmup", "n_predict", "seed", "timeout", "stream",
              "concurrency", "rate", "requests", "max_time")
     settings = {name: getattr(args, name) for name in names}
     body = completion_body(tasks[0], args.seed, args.stream)
@@ -588,6 +612,14 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list_tasks:
+        try:
+            tasks = load_tasks(args.prompts, args.n_predict, args.tasks)
+        except BenchError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        print("\n".join(t["task"] for t in tasks))
+        return 0
     try:
         result = benchmark(args)
     except BenchError as exc:

@@ -264,3 +264,40 @@ def test_percentiles_and_load_flags():
                            "/tmp/x.json", "--requests", "5"], capture_output=True, text=True,
                           timeout=30)
     assert_clean_failure(proc, 2, "need load mode")
+
+
+def test_tasks_picks_some_tasks_and_lists_them(tmp_path):
+    """`tandem bench --interleave request` sends one task per client run (--tasks) after asking
+    the client for the names (--list-tasks, no server needed), and warms up with --passes 0."""
+    prompts = write_prompts(tmp_path / "p.jsonl", [
+        json.dumps({"task": t, "prompt": f"prompt {t}"}) for t in ("a", "b", "c")])
+    listed = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), "--list-tasks",
+                             "--prompts", str(prompts)], capture_output=True, text=True)
+    assert listed.returncode == 0 and listed.stdout.split() == ["a", "b", "c"]
+    builtin = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), "--list-tasks"],
+                             capture_output=True, text=True)
+    assert builtin.stdout.split() == ["code-edit", "summary", "story"]
+    with FakeServer(lambda body: (200, completion())) as server:
+        proc = run_client(server.url, tmp_path / "out.json", "--prompts", str(prompts),
+                          "--tasks", "c,a", "--passes", "2", "--warmup", "0")
+        assert proc.returncode == 0, proc.stderr
+        # the file's order, whatever the order asked
+        assert [b["prompt"] for b in server.received] == ["prompt a", "prompt c"] * 2
+        out = json.loads((tmp_path / "out.json").read_text())
+        assert [t["task"] for t in out["tasks"]] == ["a", "c"]
+        assert out["settings"]["tasks"] == "c,a"
+        server.received.clear()
+        proc = run_client(server.url, tmp_path / "warm.json", "--prompts", str(prompts),
+                          "--tasks", "b", "--passes", "0", "--warmup", "1")
+        assert proc.returncode == 0, proc.stderr
+        assert [b["prompt"] for b in server.received] == ["prompt b"]
+        warm = json.loads((tmp_path / "warm.json").read_text())
+        assert warm["requests"] == [] and [r["task"] for r in warm["warmup"]] == ["b"]
+        bad = run_client(server.url, tmp_path / "x.json", "--prompts", str(prompts),
+                         "--tasks", "a,zz")
+        assert_clean_failure(bad, 2, "--tasks: no task named 'zz'", "its tasks: a, b, c")
+        nothing = run_client(server.url, tmp_path / "x.json", "--passes", "0", "--warmup", "0")
+        assert_clean_failure(nothing, 2, "--passes must be at least 1 (or 0 with --warmup")
+    missing = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), "--url", "x"],
+                             capture_output=True, text=True)
+    assert_clean_failure(missing, 2, "--label is required")

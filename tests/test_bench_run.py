@@ -79,6 +79,7 @@ def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
     out = tmp_path / "out"
     args = quick(models, tmp_path, PROMPTS, "--spec-type", "draft-simple", "--spec-draft-p-min", "0")
     args[args.index("--passes") + 1] = "2"
+    args[args.index("--warmup") + 1] = "1"
     assert bench.run(bench_args(*args)) == 0
     captured = capsys.readouterr()
 
@@ -102,24 +103,37 @@ def test_baseline_then_draft_on_equal_work(models, tmp_path, capsys):
     command = (out / "command.txt").read_text(encoding="utf-8")
     assert "tandem bench --model" in command and "--spec-draft-p-min 0" in command
     assert "--spec-type none" in command and "--spec-type draft-simple" in command
-    # both servers up, measured pass by pass in turns, ABBA: one client run per pass each
-    assert command.count("speculative-benchmark.py") == 4
-    order = re.findall(r"# (baseline|candidate): client, pass (\d)", command)
-    assert order == [("baseline", "1"), ("candidate", "1"), ("candidate", "2"), ("baseline", "2")]
+    # both servers up, a warm-up pass each, then measured request by request in turns, ABBA:
+    # each task answered by both servers before the next task, the order reversed every turn
+    assert command.count("speculative-benchmark.py") == 2 + 8
+    warm = re.findall(r"# (baseline|candidate): client, warm-up\n.*--passes 0 --warmup 1", command)
+    assert warm == ["baseline", "candidate"]
+    order = re.findall(r"# (baseline|candidate): client, pass (\d)/2, (\w+)\n.*--tasks (\w+)",
+                       command)
+    assert [o[:3] for o in order] == [
+        ("baseline", "1", "fox"), ("candidate", "1", "fox"),
+        ("candidate", "1", "code"), ("baseline", "1", "code"),
+        ("baseline", "2", "fox"), ("candidate", "2", "fox"),
+        ("candidate", "2", "code"), ("baseline", "2", "code")]
+    assert all(o[2] == o[3] for o in order)  # each run sent that one task
     # the client ran isolated (python -I) against the live server and wrote complete files
-    assert command.count(" -I ") == 4
+    assert command.count(" -I ") == 10
     for name in ("baseline.json", "candidate.json"):
         run = json.loads((out / name).read_text(encoding="utf-8"))
         assert run["requests"] and all(r["content"] and r["timings"] and r["stop_type"]
                                        for r in run["requests"])
-        # the per-pass files merged into one, passes numbered 0 and 1 for every task
-        assert sorted((r["task"], r["pass"]) for r in run["requests"]) == [
-            ("code", 0), ("code", 1), ("fox", 0), ("fox", 1)]
-    assert not list(out.glob("*.pass*.json"))
+        # the per-request files merged into one, passes numbered 0 and 1 for every task, the
+        # tasks listed in the prompts file's order, the warm-up's requests kept apart
+        assert [(r["task"], r["pass"]) for r in run["requests"]] == [
+            ("fox", 0), ("code", 0), ("fox", 1), ("code", 1)]
+        assert [t["task"] for t in run["tasks"]] == ["fox", "code"]
+        assert [r["task"] for r in run["warmup"]] == ["fox", "code"]
+        assert (run["settings"]["passes"], run["settings"]["warmup"]) == (2, 1)
+    assert not list(out.glob("*.pass*.json")) and not list(out.glob("*.warmup.json"))
     assert (out / "report.md").read_text(encoding="utf-8").startswith("Made by `tandem bench")
     assert "overall" in captured.out and "speed-up" in captured.out
-    for phase in ("[1/2] baseline", "[2/2] candidate", "ready after", "pass 2/2: baseline",
-                  "[pass 1/1] fox"):
+    for phase in ("[1/2] baseline", "[2/2] candidate", "ready after",
+                  "pass 2/2, code: baseline", "warm-up: candidate", "[pass 1/1] fox"):
         assert phase in captured.err
     assert_servers_stopped(out)
 
@@ -308,7 +322,8 @@ def fake_llama_server(tmp_path: Path) -> str:
 def test_llama_server_configurations_run_in_the_same_turns(models, tmp_path):
     out = tmp_path / "out"
     exe = fake_llama_server(tmp_path)
-    args = quick(models, tmp_path, PROMPTS, "--passes", "2", "--llama-server", exe)
+    args = quick(models, tmp_path, PROMPTS, "--passes", "2", "--llama-server", exe,
+                 "--interleave", "pass")
     assert bench.run(bench_args(*args)) == 0
 
     names = {p.stem for p in out.glob("*.json")} - {"report"}
@@ -319,7 +334,9 @@ def test_llama_server_configurations_run_in_the_same_turns(models, tmp_path):
         assert f"{exe} --model {target} --threads" in commands
         assert f"--spec-type {spec}" in commands
     assert f"--spec-type draft-simple --model-draft {draft}" in commands
-    # every configuration was measured in both passes, in turns: pass 1 in order, pass 2 reversed
+    # every configuration was measured in both passes, in turns (--interleave pass: a whole
+    # pass per server): pass 1 in order, pass 2 reversed
+    assert "--tasks" not in commands
     order = re.findall(r"# (\S+): client, pass (\d)", commands)
     first = [n for n, p in order if p == "1"]
     assert first == ["baseline", "candidate", "llama-none", "llama-draft", "llama-ngram"]

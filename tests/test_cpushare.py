@@ -44,22 +44,42 @@ def test_a_busy_neighbour_takes_one_thread_and_gives_it_back():
 
 
 def test_what_others_did_while_the_engine_was_idle_is_not_counted():
-    """Between requests the engine reads nothing; a first reading minutes later averages
-    whatever ran meanwhile (other servers of a benchmark) and must not take a thread away from
-    the new request: it starts a new window. Load that is still there shows in that window."""
+    """Between requests the engine reads nothing; what ran meanwhile (other servers of a
+    benchmark, answering their own requests seconds before) must not take a thread away from the
+    new request: resume() starts a new window with every thread wanted. Load that is still
+    there shows in that window."""
     m = Machine(2)
     cs = m.share(2)
     m.run(1.0, ours=1.9, others=0.05)
     assert cs.threads() == 2
-    m.run(120.0, ours=0.0, others=2.0)  # idle while another process ran, now gone
+    m.run(1.5, ours=0.0, others=2.0)  # idle while another server answered, now gone
+    cs.resume()
     assert cs.threads() == 2
     m.run(WINDOW, ours=1.9, others=0.0)
     assert cs.threads() == 2
     m.run(120.0, ours=0.0, others=2.0)  # idle again, and this time the load stays
-    assert cs.threads() == 2
+    cs.resume()
     m.run(WINDOW, ours=1.0, others=1.0)
     assert cs.threads() == 1 and cs.others == pytest.approx(1.0)
-    m.run(60.0, ours=0.0, others=1.0)  # idle under that load: one thread still
+    m.run(60.0, ours=0.0, others=1.0)  # idle under that load, then a request:
+    cs.resume()  # every thread first, one again once the window shows the neighbour
+    assert cs.threads() == 2
+    m.run(WINDOW, ours=1.0, others=1.0)
+    assert cs.threads() == 1
+
+
+def test_a_long_pass_is_a_window_like_any_other():
+    """A prompt chunk's pass can take seconds; the reading after it says what others did
+    during it. (An earlier rule took any reading over 2 s for an idle spell and kept the count:
+    a request begun on one thread stayed on one for its whole 741-token prompt, 26 s against
+    14.6 s on two.)"""
+    m = Machine(2)
+    cs = m.share(2)
+    m.run(WINDOW, ours=1.0, others=1.0)
+    assert cs.threads() == 1
+    m.run(16.0, ours=1.0, others=0.0)  # the neighbour left; one 16 s pass on our one thread
+    assert cs.threads() == 2
+    m.run(8.0, ours=1.0, others=1.0)  # it came back during an 8 s pass
     assert cs.threads() == 1
 
 

@@ -305,3 +305,23 @@ def test_a_seed_gives_the_same_sampled_text_with_free_speculation(models):
             assert seq.output == alone, (types, seed)
             assert seq.stats.n_drafted > 0
         assert alone != run(engine(models, "none"), prompt, seed=seed + 10, **sp)
+
+
+def test_each_request_after_an_idle_spell_starts_a_new_thread_window(models):
+    """The engine tells its CpuShare when it starts working after every sequence was done, once
+    per idle spell, not per pass: what other processes did while it waited is not counted
+    (cpushare.py). Two sequences overlapping make one busy spell."""
+    e = engine(models, "none", n_parallel=2)
+    calls = []
+    e.cpu.resume = lambda: calls.append(len(e.active()))
+    run(e, [1, 2, 3], n_predict=4)
+    run(e, [4, 5, 6], n_predict=4)
+    assert calls == [1, 1]
+    a = e.add(Request([1, 2, 3], SamplingParams(temperature=0.0, n_predict=6)))
+    e.step()
+    b = e.add(Request([7, 8], SamplingParams(temperature=0.0, n_predict=6)))
+    while not (a.done and b.done):
+        e.step()
+    e.release(a)
+    e.release(b)
+    assert calls == [1, 1, 1]

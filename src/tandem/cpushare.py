@@ -25,12 +25,6 @@ from . import kernels
 log = logging.getLogger("tandem.engine")
 
 WINDOW = 0.5  # seconds between readings
-# a reading longer than this after the last one (the engine was idle between requests) says
-# what other processes did then, not now: it starts a new window and keeps the thread count.
-# Averaged over the idle minutes in which `tandem bench` ran the other servers, it had said
-# "other processes use 1.9-2.0 of 2 CPUs" at each pass's first request, which then began
-# on one thread
-STALE = 2.0
 KEEP = 0.5    # a CPU counts as free while others use less than half of it
 
 
@@ -68,6 +62,7 @@ class CpuShare:
         self.fixed = fixed  # --threads-fixed: always `wanted`
         self.current = self.wanted
         self._applied: int | None = None  # what apply() last set
+        self._resumed = False  # the count was reset by resume(), not read
         self.others = 0.0  # CPUs' worth of other processes' work over the last window
         self._last = self._read()
 
@@ -87,14 +82,26 @@ class CpuShare:
         if now is None:
             return self.current
         dt = now[0] - self._last[0]
-        if dt > STALE:
-            self._last = now
-            return self.current
         self.others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / dt
+        self._resumed = False
         self._last = now
         free = len(self.cpus) - self.others
         self.current = max(1, min(self.wanted, int(free + KEEP)))
         return self.current
+
+    def resume(self) -> None:
+        """The engine starts working after an idle spell (Engine.step's first pass after every
+        sequence was done): a new window, and `wanted` threads until it is read. What other
+        processes did while this one waited (another server answering its own request, a
+        benchmark's turns) says nothing of what they will do now; counted, a first window
+        with a few seconds of idle in it took another server's request for a neighbour that
+        keeps the CPUs busy, and the thread count it gave then held through the first passes,
+        a whole prompt chunk of seconds at one thread. Load that is still there shows in the
+        first window (WINDOW seconds, or the first pass if longer)."""
+        if self._last is not None:
+            self._last = self._read()
+            self.current = self.wanted
+            self._resumed = True
 
     def apply(self) -> int:
         """Cap every product's threads at threads() (kernels.cap_threads), and PyTorch's own
@@ -103,7 +110,10 @@ class CpuShare:
         if n != self._applied:
             kernels.cap_threads(0 if n == self.wanted else n)
             torch.set_num_threads(n)
-            if self._applied is not None:
+            if self._applied is not None and self._resumed:
+                log.info("threads per pass %d -> %d: work resumes after an idle spell, every "
+                         "thread until other processes' use is read again", self._applied, n)
+            elif self._applied is not None:
                 log.info("threads per pass %d -> %d: other processes use %.1f of %d CPUs",
                          self._applied, n, self.others, len(self.cpus))
             self._applied = n

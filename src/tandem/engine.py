@@ -79,6 +79,7 @@ class Engine:
         self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
                                        spec.suffix_pool, shared_catch_up=4 * cfg.batch_size)
         # threads per pass: fewer while other processes keep CPUs busy (cpushare.py)
+        self._idle_since_step = True
         self.cpu = CpuShare(max(m.model.threads for m in (target, draft) if m), cfg.threads_fixed)
 
     @property
@@ -353,6 +354,9 @@ class Engine:
         seqs = self.active()
         if not seqs:
             return []
+        if self._idle_since_step:  # the first pass after an idle spell
+            self.cpu.resume()
+            self._idle_since_step = False
         self.cpu.apply()
         gen = [s for s in seqs if not s.prefilling]
         for s in gen:
@@ -440,6 +444,8 @@ class Engine:
                                             s.req.sampling if s.req.post_sampling else None))
         for s in filling:
             s.n_new = 0
+        # every sequence done: the engine waits (for their release, for the next request)
+        self._idle_since_step = all(s.done for s in seqs)
         return seqs
 
     def pool_held(self) -> int:

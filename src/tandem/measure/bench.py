@@ -5,9 +5,11 @@
 Each configuration gets its own `tandem serve` (127.0.0.1, a free port), waits for GET /health
 200 and is measured by scripts/speculative-benchmark.py (a subprocess, as a user would run it).
 Every configuration of a run (baseline and candidate, or the sweep's seven) is served at once
-and measured pass by pass in turns, the order reversed every pass (servers.py
-`measure_interleaved`): only one server works at a time, and a slow spell of this shared machine
-hits all alike. The comparison is `tandem compare`'s, in-process. The out dir keeps everything
+and measured in turns, request by request (--interleave request, the default: each task is
+answered by every server before the next task is sent; --interleave pass: a whole pass per
+server), the order reversed every turn (servers.py `measure_interleaved`): only one server works
+at a time, and a slow spell of this shared machine hits all alike, each task's measurements in
+the configurations lying seconds apart. The comparison is `tandem compare`'s, in-process. The out dir keeps everything
 needed to check the figures:
 
     command.txt            the bench command line and every server and client command it ran
@@ -70,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--n-predict", type=int, default=256, help="tokens per request (256)")
     g.add_argument("--prompts", default=None, help='JSONL, one {"task", "prompt", "n_predict"} '
                    "per line (default: the client's 3 built-in tasks)")
+    g.add_argument("--interleave", choices=("request", "pass"), default="request",
+                   help="turns between the servers: each request on every server before the "
+                        "next (request, the default), or a whole pass per server (pass)")
     g.add_argument("--out-dir", default=None,
                    help="new or empty folder for the results (default: bench/results/<time>)")
     g.add_argument("--port", type=int, default=None, help="port for the servers (default: free)")

@@ -37,7 +37,8 @@ def run_load(plan: Plan) -> int:
     a = plan.args
     levels = concurrency_levels(a.concurrency)
     todo = [BASELINE, *plan.variants, *plan.llama_variants()]
-    parts: dict[tuple[int, str], list[Path]] = {(c, v.name): [] for c in levels for v in todo}
+    parts: dict[tuple[int, str], list[tuple[int, Path]]] = {
+        (c, v.name): [] for c in levels for v in todo}
     turn = 0
     with servers.serving(plan, todo) as running:
         for r in range(a.passes):
@@ -54,7 +55,7 @@ def run_load(plan: Plan) -> int:
                     plan.note(f"# {variant.name}: client, pass {r + 1}, concurrency {c}\n"
                               f"{shlex.join(client)}")
                     servers.run_client(client, server)
-                    parts[(c, variant.name)].append(out)
+                    parts[(c, variant.name)].append((r, out))
     for c in levels:
         for variant in todo:
             servers.merge_passes(parts[(c, variant.name)],

@@ -1,6 +1,6 @@
 """The servers of `tandem bench` and the turns they are measured in: one `tandem serve` (or
 llama-server) subprocess per configuration, the benchmark client's command, ABBA turns
-(`measure_interleaved`) and the merge of the per-pass client files."""
+(`measure_interleaved`, request by request or pass by pass) and the merge of the client files."""
 
 from __future__ import annotations
 
@@ -170,52 +170,103 @@ def serving(plan: Plan, todo: list[Variant]):
 
 
 def measure_interleaved(plan: Plan, todo: list[Variant]) -> list[Path]:
-    """Serve every configuration at once and measure them pass by pass, taking turns (ABBA:
-    the order flips every pass), so that a neighbour slowing this shared machine for a while
-    slows them alike. Only one server works at a time; the others wait idle. Each pass is one
-    client run with --passes 1; the passes are then merged into one client file per
-    configuration, numbered 0, 1, ... as the client numbers them."""
+    """Serve every configuration at once and measure them in turns, so that a neighbour
+    slowing this shared machine for a while slows them alike. Only one server works at a time;
+    the others wait idle.
+
+    `--interleave request` (the default): every server answers the same request before the
+    next request is sent to any, the order reversed from one request to the next (ABBA), so
+    each task's requests in the different configurations lie seconds apart, not a pass
+    apart; every server still sees the requests in the same order, pass after pass (what a
+    server remembers of earlier requests, as ngram-mod and the suffix pool do, is the same).
+    The warm-up, if any, is a pass of its own on each server first. `--interleave pass`: a
+    whole pass per server in turns. Each client run is one request (or one pass); the runs are
+    then merged into one client file per configuration, passes numbered 0, 1, ..."""
     a = plan.args
+    by_request = getattr(a, "interleave", "pass") == "request"
     with serving(plan, todo) as servers:
-        parts: dict[str, list[Path]] = {v.name: [] for v in todo}
-        for r in range(a.passes):
-            order = servers if r % 2 == 0 else servers[::-1]
-            for variant, label, server in order:
-                say(f"pass {r + 1}/{a.passes}: {variant.name}")
-                out = plan.out_dir / f"{variant.name}.pass{r}.json"
-                client = client_command(plan, label, out, server.url, passes=1,
-                                        warmup=a.warmup if r == 0 else 0)
-                plan.note(f"# {variant.name}: client, pass {r + 1}\n{shlex.join(client)}")
+        parts: dict[str, list[tuple[int, Path]]] = {v.name: [] for v in todo}
+        warm: dict[str, Path] = {}
+        if by_request and a.warmup:
+            for variant, label, server in servers:
+                say(f"warm-up: {variant.name}")
+                out = plan.out_dir / f"{variant.name}.warmup.json"
+                client = client_command(plan, label, out, server.url, passes=0,
+                                        warmup=a.warmup)
+                plan.note(f"# {variant.name}: client, warm-up\n{shlex.join(client)}")
                 run_client(client, server)
-                parts[variant.name].append(out)
+                warm[variant.name] = out
+        tasks = task_names(plan) if by_request else [None]
+        steps = [(r, t) for r in range(a.passes) for t in tasks]
+        for i, (r, task) in enumerate(steps):
+            order = servers if i % 2 == 0 else servers[::-1]
+            for variant, label, server in order:
+                what = f"pass {r + 1}/{a.passes}" + (f", {task}" if task else "")
+                say(f"{what}: {variant.name}")
+                out = plan.out_dir / (f"{variant.name}.pass{r}.json" if task is None
+                                      else f"{variant.name}.pass{r}.{len(parts[variant.name])}.json")
+                extra = () if task is None else ("--tasks", task)
+                client = client_command(plan, label, out, server.url, passes=1,
+                                        warmup=0 if by_request or r else a.warmup, extra=extra)
+                plan.note(f"# {variant.name}: client, {what}\n{shlex.join(client)}")
+                run_client(client, server)
+                parts[variant.name].append((r, out))
     paths = []
     for variant in todo:
         path = plan.out_dir / f"{variant.name}.json"
-        merge_passes(parts[variant.name], path)
+        merge_passes(parts[variant.name], path, warm.get(variant.name))
         paths.append(path)
     return paths
 
 
-def merge_passes(files: list[Path], out: Path) -> None:
-    """One client file from per-pass client files: the first file's header and warm-up, every
-    file's requests with "pass" set to the file's index (and, from load-mode runs, each run's
-    "load" summary under "load_runs"); the per-pass files are removed."""
-    merged = json.loads(files[0].read_text(encoding="utf-8"))
-    merged["requests"] = []
+def task_names(plan: Plan) -> list[str]:
+    """The client's task names for --prompts (or its built-in tasks), in its order."""
+    a = plan.args
+    cmd = [sys.executable, "-I", str(plan.client), "--list-tasks"]
+    cmd += ["--prompts", a.prompts] if a.prompts else []
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise TandemError(f"the benchmark client could not list its tasks: "
+                          f"{p.stderr.strip() or p.returncode}")
+    return [line for line in p.stdout.splitlines() if line]
+
+
+def merge_passes(files: list[tuple[int, Path]], out: Path, warmup: Path | None = None) -> None:
+    """One client file from per-pass or per-request client files, each given with its pass:
+    the first file's header, its tasks joined with the other files' (by name, in order of
+    first appearance), every file's requests with "pass" set to the given pass, the warm-up
+    requests of `warmup` (a warm-up-only run) or else of the files (and, from load-mode runs,
+    each run's "load" summary under "load_runs"); the merged files are removed."""
+    merged = json.loads(files[0][1].read_text(encoding="utf-8"))
+    merged["requests"], merged["warmup"], merged["tasks"] = [], [], []
+    seen: set[str] = set()
     runs = []
-    for r, f in enumerate(files):
+    for r, f in files:
         data = json.loads(f.read_text(encoding="utf-8"))
         merged["requests"] += [dict(q, **{"pass": r}) for q in data["requests"]]
+        merged["warmup"] += data.get("warmup", [])
+        for t in data.get("tasks", []):
+            if t.get("task") not in seen:
+                seen.add(t.get("task"))
+                merged["tasks"].append(t)
         if "load" in data:
             runs.append(data["load"])
+    if warmup is not None:
+        warm = json.loads(warmup.read_text(encoding="utf-8"))
+        merged["warmup"] = warm.get("warmup", [])
     merged.pop("load", None)
     if runs:
         merged["load_runs"] = runs
     if isinstance(merged.get("settings"), dict):
-        merged["settings"]["passes"] = len(files)
+        merged["settings"]["passes"] = len({r for r, _ in files})
+        merged["settings"]["tasks"] = None
+        if warmup is not None:
+            merged["settings"]["warmup"] = (warm.get("settings") or {}).get("warmup", 0)
     out.write_text(json.dumps(merged, indent=1, ensure_ascii=False), encoding="utf-8")
-    for f in files:
+    for _, f in files:
         f.unlink()
+    if warmup is not None:
+        warmup.unlink()
 
 
 def run_client(command: list[str], server: Server) -> None:
