@@ -208,12 +208,17 @@ def test_tokens_still_to_come_follow_the_earlier_answers_that_got_as_far():
     from tandem.speculative.speculator import Speculation
 
     s = Speculation(None, None, prefill_chunk=512)
-    assert s.expected_remaining(0, 256) == 256  # nothing known: the whole budget
+    # nothing known: as many more as it has produced (the Copernican estimate)
+    assert s.expected_remaining(0, 256) == 0
+    assert s.expected_remaining(40, 256) == 40
+    assert s.expected_remaining(200, 256) == 200
+    assert s.expected_remaining(200, 56) == 56  # never more than the budget
     s.lengths.extend([10, 12, 14, 200, 220, 240])
     assert s.expected_remaining(0, 256) == 107  # median of all six lengths
     assert s.expected_remaining(20, 256) == 200  # past 20 tokens only the long ones count
     assert s.expected_remaining(20, 50) == 50  # never more than the budget
-    assert s.expected_remaining(230, 256) == 256  # fewer than 3 got this far: the budget
+    assert s.expected_remaining(230, 256) == 230  # fewer than 3 got this far: Copernican
+    assert s.expected_remaining(230, 100) == 100
 
 
 def _pool_speculation(pool_doc: list[int]):
@@ -269,3 +274,84 @@ def test_the_draft_verified_is_the_one_its_calibration_says_pays_more():
         shared.learned[bad] = (AcceptanceTracker(), trained(False))
         d = _start(shared, prompt).draft(4, 100)
         assert d.ids and d.ids[0] == first, (good, d)
+
+
+class _LazyDraft:
+    """A costly proposer that reads the prompt lazily (the draft model's interface under auto):
+    records when it was made to read it."""
+
+    free, kind = False, "draft"
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.seen = 0
+        self.read_at: int | None = None  # tokens generated when it caught up
+
+    def begin(self, prompt_ids):
+        self.tokens, self.seen = list(prompt_ids), 0
+
+    def unseen(self):
+        return len(self.tokens) - self.seen
+
+    def prepare(self, limit=None):
+        fed = self.unseen() if limit is None else min(limit, self.unseen())
+        self.seen += fed
+        return fed
+
+    def propose(self, k):
+        from tandem.speculative.proposer import Draft
+
+        return Draft([1] * k, None, [0.9] * k)
+
+    def accept(self, n_accepted, new_ids):
+        caught_up = self.unseen() <= 2
+        self.tokens += new_ids
+        if caught_up:  # it read the draft's tokens: all but the target's own one
+            self.seen = len(self.tokens) - 1
+
+    def shift(self, keep, discard):
+        pass
+
+    def end(self):
+        pass
+
+
+def _lazy_speculator(lengths: list[int]):
+    from tandem.speculative.controller import CostModel
+    from tandem.speculative.speculator import Speculation, Speculator, _Entry
+    from tandem.speculative.stats import SpecStats
+
+    shared = Speculation(None, None, prefill_chunk=512)
+    shared.costs = CostModel(verify={1: 0.100, 2: 0.110, 3: 0.120, 4: 0.130, 5: 0.140},
+                             draft_token=0.005, draft_prefill_token=0.004)
+    for _ in range(50):  # the draft model's tokens were mostly accepted so far
+        shared.draft_history.update(4, 4)
+    shared.lengths.extend(lengths)
+    proposer = _LazyDraft()
+    proposer.begin(list(range(100, 300)))  # a 200-token prompt it has not read
+    ctl = Controller(shared.costs, n_max=4, acceptance=shared.draft_history)
+    return Speculator(shared, [_Entry(proposer, ctl)], SpecStats()), proposer
+
+
+def _generate(spec, proposer, n: int) -> None:
+    while spec.produced < n:
+        d = spec.draft(4, 256 - spec.produced)
+        if proposer.read_at is None and proposer.unseen() <= 2:
+            proposer.read_at = spec.produced
+        spec.accept(d, len(d.ids), d.ids + [7])
+
+
+def test_a_fresh_server_bets_a_draft_models_catch_up_on_what_the_answer_has_shown():
+    """With no earlier answers, reading a 200-token prompt into the draft model (0.8 s here)
+    is not bet on the whole 256-token budget at the first token: an answer of a few tokens
+    (a translation, a yes) would pay it and gain nothing. It is read once the answer has gone
+    on long enough that as many more tokens would pay it back; after earlier long answers, at
+    once."""
+    fresh, p = _lazy_speculator([])
+    _generate(fresh, p, 1)
+    assert p.read_at is None and p.unseen() > 100  # a short answer never paid the catch-up
+    _generate(fresh, p, 60)
+    assert p.read_at is not None and 5 <= p.read_at <= 30
+    known, q = _lazy_speculator([240, 250, 256])  # earlier answers ran long
+    _generate(known, q, 1)
+    assert q.read_at == 0

@@ -68,11 +68,15 @@ class Speculation:
     def expected_remaining(self, produced: int, left: int) -> int:
         """Tokens a generation that has produced `produced` is expected to still produce, at
         most `left` (its budget): the median of how much longer the earlier answers that got
-        this far went on (an answer that ends at 10 tokens tells nothing about one at 50);
-        the whole budget while fewer than 3 earlier answers got this far."""
+        this far went on (an answer that ends at 10 tokens tells nothing about one at 50).
+        While fewer than 3 earlier answers got this far, as many as it has produced: with
+        nothing else known, a generation is as likely to be past its middle as before it
+        (Gott's Copernican estimate), so a fresh server does not bet a draft model's catch-up
+        on the whole budget of an answer that may end after a few tokens; the bet grows with
+        the answer."""
         longer = [n - produced for n in self.lengths if n > produced]
         if len(longer) < 3:
-            return left
+            return min(left, produced)
         return min(left, int(statistics.median(longer)))
 
     def start(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
