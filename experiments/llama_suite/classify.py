@@ -30,6 +30,12 @@ WHY = {
     "test_embedding_pooling_none": MODEL + " (BERT's [CLS]/[SEP])",
     "test_embedding_usage_single": MODEL + " (BERT's token counts)",
     "test_embedding_usage_multiple": MODEL + " (BERT's token counts)",
+    "test_embedding_error_prompt_too_long": MODEL + " (BERT keeps no KV cache, so llama-server "
+                                            "cannot read its input in parts and says 'too "
+                                            "large' past --ubatch-size; a causal model pooled "
+                                            "last, SmolLM2 here, is read in chunks up to the "
+                                            "slot's context, and past it llama-server says it "
+                                            "exceeds the context size, as Tandem does)",
     "test_infill_with_input_extra": MODEL, "test_infill_without_input_extra": MODEL,
     "test_slot_save_restore": MODEL + " (its text and token counts)",
     "test_slot_erase": MODEL, "test_slot_restore_legacy_token_list":
