@@ -9,11 +9,13 @@
  * 8; THREADS=n in the environment runs n threads (default 1); PROMPT_ROWS=m the prompt kernel
  * from m rows (default 16, as kernels.PROMPT_ROWS; a huge m: the row-by-row kernel). Prints the
  * best of 200 calls (the weights then sit in the L3 cache when they fit: decoding a whole model
- * reads them from memory). Blocks are random bytes with every f16 scale set to 1.0 (random f16
+ * reads them from memory); CHECK=1 also prints a hash of the output's bits (the same inputs in
+ * every run: two revisions' kernels compared bit for bit). Blocks are random bytes with every f16 scale set to 1.0 (random f16
  * bits could be NaN or subnormal). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "../src/tandem/kernels/tq.h"
@@ -66,6 +68,15 @@ int main(int argc, char **argv) {
         clock_gettime(CLOCK_MONOTONIC, &b);
         const double t = (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
         best = t < best ? t : best;
+    }
+    if (getenv("CHECK")) { /* a hash of the output's bits: two builds of the kernels compared */
+        uint64_t h = 1469598103934665603ULL;
+        for (int64_t i = 0; i < M * N; i++) {
+            uint32_t u;
+            memcpy(&u, y + i, 4);
+            h = (h ^ u) * 1099511628211ULL;
+        }
+        printf("bits %016llx\n", (unsigned long long)h);
     }
     printf("type %d, %d row(s), int%d, %lldx%lld: %.3f ms, %.1f GB/s of weights\n", type, M, bits,
            (long long)N, (long long)K, best * 1e3, N * row_bytes / best / 1e9);

@@ -331,10 +331,19 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
         _mm512_storeu_ps(y[m], acc[m]);
 }
 #else
-/* activation rows per pass over a super-block (16 vector registers): 3 measured at least as
- * fast as 4, 5 or 8 with 1, 5 and 9 rows (Q6_K 5 rows 0.60-0.70 ms against 0.69-0.86 with 4;
- * 8960 x 1536 in L3, 2 threads, the AVX2 build on a Zen 4) */
-#define XRB 3
+/* XBLOCK[mr][m0]: how many of mr activation rows, from row m0, one pass over a super-block's
+ * unpacked weights takes (16 vector registers: blocks of 1 to 4 rows, each size a compile-time
+ * constant so that its sums stay in registers). The blocking moves no bits: each row's sums
+ * and float steps are the same in any block. Measured (experiments/kernel_bench.c, 2 threads,
+ * in L3, Zen 3) against the earlier fixed blocks of 3: 4 rows 1.07x (Q4_K 8960 x 1536) to
+ * 1.22x (Q6_K 1536 x 8960, 64-value activation blocks), 7, 8 and 10 rows 1.05-1.15x, 1 to 3
+ * rows 1.00-1.10x; blocks of 5 or 4 + 2 were no better. */
+#ifndef XBLOCK_TABLE
+#define XBLOCK_TABLE {{0}, {1}, {2}, {3}, {4}, {3, 0, 0, 2}, {3, 0, 0, 3}, {4, 0, 0, 0, 3}, \
+                      {4, 0, 0, 0, 4}, {3, 0, 0, 3, 0, 0, 3}, {4, 0, 0, 0, 3, 0, 0, 3}}
+#endif
+_Static_assert(MR == 10, "XBLOCK has a row for every mr up to MR");
+static const int8_t XBLOCK[MR + 1][MR] = XBLOCK_TABLE;
 
 /* A super-block's scales and mins as bytes, sc[j][r] and mn[j][r] (sub-block j, row r), two
  * sub-blocks per vector: L[2v], L[2v + 1] against H[v] (bits 0-1 / 2-3 the scales' high bits,
@@ -358,13 +367,63 @@ static inline __m256i bytes8_epi32(const uint8_t *b, int h) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h)));
 }
 
+/* Activation rows m0 .. m0 + R - 1 (R a compile-time constant: S stays in registers) against
+ * rows 8h .. 8h + 7 of one Q4_K super-block: the weights unpacked once per sub-block half for
+ * the R rows, each row's integer sums and float steps exactly as for any other R */
+static inline __attribute__((always_inline)) void q4_block(const uint8_t *w, int64_t sb, int h,
+                                                           const acts8_t *A, int m0, const int R,
+                                                           const int P, const __m256i *sc,
+                                                           const __m256i *mnp, int32_t (*bp)[4],
+                                                           __m256 d, __m256 ndmin,
+                                                           __m256 (*acc)[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i S[4];
+    for (int i = 0; i < R; i++)
+        S[i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        if (h == 0 && m0 == 0)
+            for (int pf = 0; pf < 256; pf += 64)
+                _mm_prefetch((const char *)w + XPF + 256 + 256 * j + pf, _MM_HINT_T0);
+        for (int half = 0; half < 2; half++) {
+            __m256i q[4];
+            for (int p = 0; p < 4; p++) {
+                const __m256i P4 = _mm256_loadu_si256(
+                    (const __m256i *)(w + 256 + 64 * (4 * j + p) + 32 * h));
+                q[p] = half ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
+                            : _mm256_and_si256(P4, m4);
+            }
+            for (int i = 0; i < R; i++) {
+                const int8_t *x = A->q + (m0 + i) * A->K + 256 * sb + 32 * j + 16 * half;
+                __m256i t = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(load32(x)));
+                for (int p = 1; p < 4; p++)
+                    t = _mm256_add_epi16(t, _mm256_maddubs_epi16(
+                                                q[p], _mm256_set1_epi32(load32(x + 4 * p))));
+                S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(t, sc[j]));
+            }
+        }
+        if ((j + 1) % P)
+            continue;
+        /* the end of an activation block (P sub-blocks): its float steps */
+        for (int i = 0; i < R; i++) {
+            const int m = m0 + i;
+            __m256i M = _mm256_setzero_si256();
+            for (int t = (j + 1 - P) / 2; t <= j / 2; t++)
+                M = _mm256_add_epi32(M, _mm256_madd_epi16(mnp[t], _mm256_set1_epi32(
+                                                              pair_of(bp[m][t], j, P))));
+            const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
+            acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(d, xs), acc[m][h]);
+            acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(ndmin, xs), acc[m][h]);
+            S[i] = _mm256_setzero_si256();
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w, int64_t nsb,
                                                                const acts8_t *A, int mr,
                                                                float (*y)[16], const int P) {
     __m256 acc[MR][2];
     for (int m = 0; m < mr; m++)
         acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15);
     for (int64_t sb = 0; sb < nsb; sb++, w += XB) {
         for (int pf = 0; pf < 256; pf += 64)
             _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
@@ -385,48 +444,17 @@ static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w,
             for (int t = 0; t < 4; t++)
                 mnp[t] = _mm256_or_si256(bytes8_epi32(mnb[2 * t], h),
                                          _mm256_slli_epi32(bytes8_epi32(mnb[2 * t + 1], h), 16));
-            for (int m0 = 0; m0 < mr; m0 += XRB) {
-                const int me = mr < m0 + XRB ? mr : m0 + XRB;
-                __m256i S[XRB];
-                for (int m = m0; m < me; m++)
-                    S[m - m0] = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    if (h == 0 && m0 == 0)
-                        for (int pf = 0; pf < 256; pf += 64)
-                            _mm_prefetch((const char *)w + XPF + 256 + 256 * j + pf, _MM_HINT_T0);
-                    for (int half = 0; half < 2; half++) {
-                        __m256i q[4];
-                        for (int p = 0; p < 4; p++) {
-                            const __m256i P4 = _mm256_loadu_si256(
-                                (const __m256i *)(w + 256 + 64 * (4 * j + p) + 32 * h));
-                            q[p] = half ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
-                                        : _mm256_and_si256(P4, m4);
-                        }
-                        for (int m = m0; m < me; m++) {
-                            const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * half;
-                            __m256i t = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(load32(x)));
-                            for (int p = 1; p < 4; p++)
-                                t = _mm256_add_epi16(t, _mm256_maddubs_epi16(
-                                                            q[p], _mm256_set1_epi32(load32(x + 4 * p))));
-                            S[m - m0] = _mm256_add_epi32(S[m - m0], _mm256_madd_epi16(t, sc[j]));
-                        }
-                    }
-                    if ((j + 1) % P)
-                        continue;
-                    /* the end of an activation block (P sub-blocks): its float steps */
-                    for (int m = m0; m < me; m++) {
-                        __m256i M = _mm256_setzero_si256();
-                        for (int t = (j + 1 - P) / 2; t <= j / 2; t++)
-                            M = _mm256_add_epi32(M, _mm256_madd_epi16(mnp[t], _mm256_set1_epi32(
-                                                                          pair_of(bp[m][t], j, P))));
-                        const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
-                        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m - m0]), _mm256_mul_ps(d, xs),
-                                                    acc[m][h]);
-                        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(ndmin, xs),
-                                                    acc[m][h]);
-                        S[m - m0] = _mm256_setzero_si256();
-                    }
-                }
+            for (int m0 = 0; m0 < mr;) {
+                const int R = XBLOCK[mr][m0];
+                if (R == 4)
+                    q4_block(w, sb, h, A, m0, 4, P, sc, mnp, bp, d, ndmin, acc);
+                else if (R == 3)
+                    q4_block(w, sb, h, A, m0, 3, P, sc, mnp, bp, d, ndmin, acc);
+                else if (R == 2)
+                    q4_block(w, sb, h, A, m0, 2, P, sc, mnp, bp, d, ndmin, acc);
+                else
+                    q4_block(w, sb, h, A, m0, 1, P, sc, mnp, bp, d, ndmin, acc);
+                m0 += R;
             }
         }
     }
@@ -435,13 +463,72 @@ static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w,
         _mm256_storeu_ps(y[m] + 8, acc[m][1]);
     }
 }
+/* Activation rows m0 .. m0 + R - 1 against rows 8 h8 .. 8 h8 + 7 of one Q6_K super-block (as
+ * q4_block) */
+static inline __attribute__((always_inline)) void q6_block(const uint8_t *w, int64_t sb, int h8,
+                                                           const acts8_t *A, int m0, const int R,
+                                                           const int P, const __m256i *scw16,
+                                                           const __m256i *scp, __m256 d,
+                                                           __m256 (*acc)[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    __m256i S[4];
+    for (int i = 0; i < R; i++)
+        S[i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        if (h8 == 0 && m0 == 0)
+            for (int pf = 320; pf < 704; pf += 64)
+                _mm_prefetch((const char *)w + XPF + pf + 384 * j, _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) {
+            const __m256i Q = _mm256_loadu_si256(
+                (const __m256i *)(w + 2336 + 64 * (2 * j + h) + 32 * h8));
+            __m256i q[4];
+            const __m256i hb[4] = {_mm256_and_si256(_mm256_slli_epi16(Q, 4), m30),
+                                   _mm256_and_si256(_mm256_slli_epi16(Q, 2), m30),
+                                   _mm256_and_si256(Q, m30),
+                                   _mm256_and_si256(_mm256_srli_epi16(Q, 2), m30)};
+            for (int p = 0; p < 4; p++) {
+                const __m256i P4 = _mm256_loadu_si256(
+                    (const __m256i *)(w + 288 + 64 * (4 * j + p) + 32 * h8));
+                q[p] = _mm256_or_si256(h ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
+                                         : _mm256_and_si256(P4, m4), hb[p]);
+            }
+            /* four products (<= 4 * 63 * 127) fit a word pair: madd with the scale on
+             * both words sums sc * T, AVX-512's T * sc, without a 32-bit multiply */
+            const __m256i scw = scw16[2 * j + h];
+            for (int i = 0; i < R; i++) {
+                const int8_t *x = A->q + (m0 + i) * A->K + 256 * sb + 32 * j + 16 * h;
+                __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                  q[0], _mm256_set1_epi32(load32(x))), scw);
+                for (int p = 1; p < 4; p++)
+                    t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                q[p], _mm256_set1_epi32(load32(x + 4 * p))), scw));
+                S[i] = _mm256_add_epi32(S[i], t);
+            }
+        }
+        if ((j + 1) % P)
+            continue;
+        for (int i = 0; i < R; i++) { /* the end of an activation block */
+            const int m = m0 + i;
+            const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
+            __m256i B = _mm256_setzero_si256();
+            for (int u = j + 1 - P; u <= j; u++)
+                B = _mm256_add_epi32(B, _mm256_madd_epi16(
+                                            scp[u], _mm256_set1_epi32(load32((const int8_t *)(bs + 2 * u)))));
+            const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
+            acc[m][h8] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(S[i], _mm256_slli_epi32(B, 5))),
+                _mm256_mul_ps(d, xs), acc[m][h8]);
+            S[i] = _mm256_setzero_si256();
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w, int64_t nsb,
                                                                 const acts8_t *A, int mr,
                                                                 float (*y)[16], const int P) {
     __m256 acc[MR][2];
     for (int m = 0; m < mr; m++)
         acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     for (int64_t sb = 0; sb < nsb; sb++, w += XB6) {
         for (int pf = 0; pf < 320; pf += 64)
             _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
@@ -456,57 +543,17 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
             for (int u = 0; u < 8; u++)
                 scp[u] = _mm256_or_si256(_mm256_and_si256(sc[2 * u], _mm256_set1_epi32(0xFFFF)),
                                          _mm256_slli_epi32(sc[2 * u + 1], 16));
-            for (int m0 = 0; m0 < mr; m0 += XRB) {
-                const int me = mr < m0 + XRB ? mr : m0 + XRB;
-                __m256i S[XRB];
-                for (int m = m0; m < me; m++)
-                    S[m - m0] = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    if (h8 == 0 && m0 == 0)
-                        for (int pf = 320; pf < 704; pf += 64)
-                            _mm_prefetch((const char *)w + XPF + pf + 384 * j, _MM_HINT_T0);
-                    for (int h = 0; h < 2; h++) {
-                        const __m256i Q = _mm256_loadu_si256(
-                            (const __m256i *)(w + 2336 + 64 * (2 * j + h) + 32 * h8));
-                        __m256i q[4];
-                        const __m256i hb[4] = {_mm256_and_si256(_mm256_slli_epi16(Q, 4), m30),
-                                               _mm256_and_si256(_mm256_slli_epi16(Q, 2), m30),
-                                               _mm256_and_si256(Q, m30),
-                                               _mm256_and_si256(_mm256_srli_epi16(Q, 2), m30)};
-                        for (int p = 0; p < 4; p++) {
-                            const __m256i P4 = _mm256_loadu_si256(
-                                (const __m256i *)(w + 288 + 64 * (4 * j + p) + 32 * h8));
-                            q[p] = _mm256_or_si256(h ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
-                                                     : _mm256_and_si256(P4, m4), hb[p]);
-                        }
-                        /* four products (<= 4 * 63 * 127) fit a word pair: madd with the scale on
-                         * both words sums sc * T, AVX-512's T * sc, without a 32-bit multiply */
-                        const __m256i scw = scw16[2 * j + h];
-                        for (int m = m0; m < me; m++) {
-                            const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j + 16 * h;
-                            __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(
-                                                              q[0], _mm256_set1_epi32(load32(x))), scw);
-                            for (int p = 1; p < 4; p++)
-                                t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(
-                                                            q[p], _mm256_set1_epi32(load32(x + 4 * p))), scw));
-                            S[m - m0] = _mm256_add_epi32(S[m - m0], t);
-                        }
-                    }
-                    if ((j + 1) % P)
-                        continue;
-                    for (int m = m0; m < me; m++) { /* the end of an activation block */
-                        const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
-                        __m256i B = _mm256_setzero_si256();
-                        for (int u = j + 1 - P; u <= j; u++)
-                            B = _mm256_add_epi32(B, _mm256_madd_epi16(
-                                                        scp[u], _mm256_set1_epi32(load32((const int8_t *)(bs + 2 * u)))));
-                        const __m256 xs = _mm256_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
-                        acc[m][h8] = _mm256_fmadd_ps(
-                            _mm256_cvtepi32_ps(_mm256_sub_epi32(S[m - m0], _mm256_slli_epi32(B, 5))),
-                            _mm256_mul_ps(d, xs), acc[m][h8]);
-                        S[m - m0] = _mm256_setzero_si256();
-                    }
-                }
+            for (int m0 = 0; m0 < mr;) {
+                const int R = XBLOCK[mr][m0];
+                if (R == 4)
+                    q6_block(w, sb, h8, A, m0, 4, P, scw16, scp, d, acc);
+                else if (R == 3)
+                    q6_block(w, sb, h8, A, m0, 3, P, scw16, scp, d, acc);
+                else if (R == 2)
+                    q6_block(w, sb, h8, A, m0, 2, P, scw16, scp, d, acc);
+                else
+                    q6_block(w, sb, h8, A, m0, 1, P, scw16, scp, d, acc);
+                m0 += R;
             }
         }
     }
