@@ -3,6 +3,8 @@
     python experiments/make_prompts.py specbench --per-category 2 --mt-bench 4 \
         --out bench/prompts/specbench-even-subset.jsonl
     python experiments/make_prompts.py stdlib-edits --out bench/prompts/stdlib-edits.jsonl
+    python experiments/make_prompts.py specbench --offset 3 --per-category 2 --mt-bench 8 \
+        --out bench/prompts/specbench-even-validation.jsonl
     cat bench/prompts/specbench-even-subset.jsonl > bench/prompts/held-out-mix.jsonl
     head -3 bench/prompts/stdlib-edits.jsonl >> bench/prompts/held-out-mix.jsonl
 
@@ -71,11 +73,15 @@ def specbench(args) -> list[dict]:
     tok = load_tokenizer(args.model)
     out = []
     for cat in CATEGORIES:
-        for r in [r for r in rows if r["category"] == cat][: args.per_category]:
+        of = [r for r in rows if r["category"] == cat]
+        for r in of[args.offset: args.offset + args.per_category]:
             out.append({"task": f"{cat}-{r['question_id']}", "prompt": chat(tok, r["turns"][0]),
                         "question_id": r["question_id"]})
     for cat in MT_BENCH[: args.mt_bench]:
-        r = next(r for r in rows if r["category"] == cat)
+        of = [r for r in rows if r["category"] == cat]
+        if args.offset >= len(of):
+            continue
+        r = of[args.offset]
         out.append({"task": f"mt-bench-{cat}", "prompt": chat(tok, r["turns"][0]),
                     "question_id": r["question_id"], "category": cat})
     return out
@@ -120,6 +126,10 @@ def main() -> None:
                     help="specbench: the first question of this many MT-bench categories, in "
                          "the order writing, roleplay, reasoning, math, coding, extraction, "
                          "stem, humanities (8)")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="specbench: skip this many questions of each category first (a set "
+                         "disjoint from the default's: --offset 3 --per-category 2, and the "
+                         "MT-bench categories' question at that index, where they have one)")
     args = ap.parse_args()
     rows = specbench(args) if args.what == "specbench" else stdlib_edits(args)
     with open(args.out, "w", encoding="utf-8") as f:

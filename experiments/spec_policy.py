@@ -17,6 +17,7 @@ Run it at two revisions (PYTHONPATH=<worktree>/src) to compare policies on the s
 `--costs FILE` reuses a table an earlier run wrote. `--pool N` gives the suffix proposer a pool
 of N earlier output tokens (`--spec-suffix-pool`); `--passes P` runs the prompts P times in one
 engine (a later pass may answer a repeated prompt from the pool), each pass reported apart.
+`--trace` prints every draft verified with what the controller believed of it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def main() -> int:
     ap.add_argument("--costs", help="a costs table written by an earlier run (JSON)")
     ap.add_argument("--pool", type=int, default=0, help="--spec-suffix-pool (0: off)")
     ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--trace", action="store_true",
+                    help="print every verified draft: own or pool, k, accepted, the proposer's "
+                         "confidences and the calibrated probabilities the controller used")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -100,6 +104,12 @@ def main() -> int:
 
     def logged_accept(self, draft, n, tokens):
         steps.append((draft.source or "-", len(draft.ids), n))
+        if a.trace and draft.ids and self._ctl is not None and draft.conf:
+            kind = "pool" if self._ctl is self._by.pool else "own"
+            print(f"   {draft.source} {kind} k {len(draft.ids)} accepted {n} conf "
+                  f"{[round(c, 2) for c in draft.conf]} p "
+                  f"{[round(self._ctl.calibration.p(c), 2) for c in draft.conf]} "
+                  f"at {self.produced}", flush=True)
         return accept(self, draft, n, tokens)
 
     speculator.Speculator.accept = logged_accept

@@ -254,6 +254,41 @@ def test_pool_drafts_are_calibrated_apart_from_the_requests_own():
     assert pool_cal.seen(d.conf[0]) > 0 and own_cal.seen(d.conf[0]) == 0
 
 
+def test_a_fresh_pool_calibration_starts_from_what_the_own_drafts_showed():
+    """Before the pool's drafts are measured, a pool draft is believed no more than a draft of
+    the request's own text at the same confidence: where the own drafts keep failing (chatty
+    text), a pool match of the same confidence is not verified on its raw confidence. The pool's
+    own failures then teach the pool alone."""
+    from tandem.speculative.suffix import OWN, POOL
+
+    pool_doc = [20, 21, 22, 23, 24, 25, 26, 27]
+    prompt = [60, 61, 20, 21, 22]  # only the pool knows what followed 22
+    fresh = _pool_speculation(pool_doc)
+    d = _start(fresh, prompt).draft(8, 100)
+    assert d.ids[:2] == [23, 24]  # measured nothing yet: verified on its confidence
+    conf = d.conf[0]
+
+    shared = _pool_speculation(pool_doc)
+    failed = 0
+    for i in range(12):  # earlier requests' own drafts at this confidence failed
+        own = _start(shared, [1, 2, 3, 50 + i, 1, 2, 3])
+        od = own.draft(4, 100)
+        if not od.ids:  # no longer worth verifying
+            break
+        assert od.ids[0] == 50 + i and od.conf[0] == conf and own._ctl is own.entries[0].controller
+        own.accept(od, 0, [99])
+        failed += 1
+    own_p = shared.learned[OWN][1].p(conf)
+    assert failed >= 3 and own_p < 0.15 < conf
+    spec = _start(shared, prompt)
+    assert spec.entries[0].pool.calibration.p(conf) <= own_p + 1e-9
+    assert spec.draft(8, 100).ids == []  # not worth a pass at what the own drafts showed
+    before = shared.learned[OWN][1].p(conf)
+    pool = shared.learned[POOL][1]
+    pool.update([conf], 0)
+    assert shared.learned[OWN][1].p(conf) == before  # the pool does not teach its prior
+
+
 def test_the_draft_verified_is_the_one_its_calibration_says_pays_more():
     from tandem.speculative.controller import AcceptanceTracker, Calibration
     from tandem.speculative.suffix import OWN, POOL

@@ -39,7 +39,7 @@ HERE = Path(__file__).parent
 SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "gemm.c",
                               "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
-HEADERS = [HERE / "tq.h", HERE / "blocks.h", HERE / "gemm_avx2.h"]
+HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx_avx2.h")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # The builds of the same sources: name -> (extra compiler flags, CPU flags it needs). Every

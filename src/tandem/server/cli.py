@@ -201,10 +201,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run(sockets=socks)
     finally:
+        # the container --tools-runtime started is removed first: it does not wait on the
+        # engine, whose thread may take a while to stop (a step under way; a busy machine)
+        if state.tools is not None:
+            state.tools.close()
         if state.worker is not None:
             state.worker.stop()
-        if state.tools is not None:
-            state.tools.close()  # a container --tools-runtime started is removed
     return outcome["code"]
 
 

@@ -163,6 +163,10 @@ class Calibration:
     # same two levels: texts differ (a summary copies its source, a story does not), and the
     # same confidence is worth less in a request whose drafts keep failing
     parent: Calibration | None = None
+    # without a parent: another calibration whose estimate this one starts from, not teaching
+    # it (the suffix pool's drafts start from what the requests' own drafts showed at the same
+    # confidence: a match in another request's output says no more than one in its own text)
+    prior: Calibration | None = None
 
     def __post_init__(self) -> None:
         self.reached = self.reached or [0] * self.bins
@@ -172,9 +176,14 @@ class Calibration:
         return min(self.bins - 1, max(0, int(conf * self.bins)))
 
     def base(self, conf: float) -> float:
-        """The estimate before this calibration's own measurements: the confidence itself, or
-        the parent's calibrated probability for it."""
-        return conf if self.parent is None else self.parent.p(conf)
+        """The estimate before this calibration's own measurements: the parent's calibrated
+        probability for the confidence, else the prior's (at most the confidence), else the
+        confidence itself."""
+        if self.parent is not None:
+            return self.parent.p(conf)
+        if self.prior is not None:
+            return min(conf, self.prior.p(conf))
+        return conf
 
     @property
     def scale(self) -> float:

@@ -121,8 +121,12 @@ class Speculation:
         return Speculator(self, entries, stats, guide if spec.enabled else None)
 
     def _controller(self, kind: str, n_max: int) -> Controller:
-        acceptance, calibration = self.learned.setdefault(kind, (AcceptanceTracker(),
-                                                                 Calibration()))
+        if kind not in self.learned:
+            # the pool's drafts start from what the requests' own drafts showed (see Calibration)
+            prior = (self.learned.setdefault(OWN, (AcceptanceTracker(), Calibration()))[1]
+                     if kind == POOL else None)
+            self.learned[kind] = (AcceptanceTracker(), Calibration(prior=prior))
+        acceptance, calibration = self.learned[kind]
         return Controller(self.costs, n_max=n_max,
                           acceptance=AcceptanceTracker(parent=acceptance),
                           calibration=Calibration(parent=calibration))
