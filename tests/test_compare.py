@@ -79,8 +79,10 @@ def test_end_to_end_with_the_benchmark_client(tmp_path, capsys):
     assert edit["baseline"]["tokens_per_second"] == {"median": 50, "min": 25, "max": 80, "iqr": 10}
     assert edit["candidate"]["tokens_per_second"] == {"median": 100, "min": 80, "max": 125,
                                                       "iqr": 0}
-    assert edit["arithmetic"] == {"useful_tokens": 10, "reference_ms_per_token": 20.0,
-                                  "iteration_ms": 100.0, "speedup": 2.0}
+    # predicted_ms times the 9 tokens after the first (as llama-server's timings)
+    assert edit["arithmetic"] == pytest.approx({"useful_tokens": 9,
+                                                "reference_ms_per_token": 200 / 9,
+                                                "iteration_ms": 100.0, "speedup": 2.0})
     assert edit["candidate"]["acceptance_rate"] == 30 / 40
     assert edit["candidate"]["mean_acceptance_length"] == 1 + 30 / 10
     assert edit["baseline"]["acceptance_rate"] is None
@@ -107,10 +109,10 @@ def test_end_to_end_with_the_benchmark_client(tmp_path, capsys):
 
     overall = report["overall"]
     assert overall["tasks"] == ["code-edit"] and overall["equal_work"] is True
-    assert overall["arithmetic"]["speedup"] == 2.0
-    assert overall["candidate"]["tokens_per_second"]["median"] == 100
+    assert overall["arithmetic"]["speedup"] == pytest.approx(2.0)
+    assert overall["candidate"]["tokens_per_second"]["median"] == pytest.approx(90)
 
-    assert "code-edit: 10 tokens x 20.000 ms/token / 100.0 ms = 2.00x decode speed-up" in stdout
+    assert "code-edit: 9 tokens x 22.222 ms/token / 100.0 ms = 2.00x decode speed-up" in stdout
     assert "story: not comparable: tokens_predicted differs: baseline 10, candidate 12" in stdout
     assert "overall: per-pass totals over code-edit only" in stdout
     rows = {line.split()[0]: line for line in stdout.splitlines() if line.split()}
@@ -163,10 +165,11 @@ def test_wall_time_spread_speedup_range_and_overall_totals(tmp_path):
     assert overall.per_pass == pytest.approx([3.0 / 2.5, 3.2 / 2.4, 2.9 / 2.6, 3.1 / 2.5, 1.2])
     assert "overall, pass by pass: 1.20x, 1.33x, 1.12x, 1.24x, 1.20x" in "\n".join(
         compare.notes(list(results.values())))
-    # (10 tokens x 20 ms + 20 tokens x 10 ms) / (100 ms + 200 ms)
+    # (9 tokens x 200/9 ms + 19 tokens x 200/19 ms) / (100 ms + 200 ms): predicted_ms times
+    # the tokens after each answer's first
     assert overall.arithmetic.speedup == pytest.approx(400 / 300)
-    assert overall.arithmetic.reference_ms_per_token == pytest.approx(400 / 30)
-    assert overall.baseline.tokens_per_second.median == pytest.approx(1000 * 30 / 400)
+    assert overall.arithmetic.reference_ms_per_token == pytest.approx(400 / 28)
+    assert overall.baseline.tokens_per_second.median == pytest.approx(1000 * 28 / 400)
 
 
 def test_fewer_than_five_passes_have_no_iqr(tmp_path):

@@ -547,6 +547,26 @@ def test_stream_reports_prompt_progress_then_tokens_with_timings(built):
     assert not any("prompt_progress" in e or "timings" in e for e in plain[:-1])
 
 
+def test_generation_rate_excludes_the_first_token(built):
+    """llama-server's timings: the first token comes with the prompt (the pass over its last
+    token), so the generation's rate is over the tokens after it; /metrics' gauge likewise."""
+    one = ok(post(built.plain, "/completion", {"prompt": "I believe", "n_predict": 1,
+                                               **GREEDY}))["timings"]
+    assert one["predicted_n"] == 1 and one["prompt_ms"] > 0
+    assert one["predicted_per_second"] == 0.0 and one["predicted_per_token_ms"] == 0.0
+    httpx.get(f"{built.full.url}/metrics", timeout=30)  # the gauge counts from the last scrape
+    for s in (built.plain, built.full):
+        t = ok(post(s, "/completion", {"prompt": "I believe", "n_predict": 16, "ignore_eos": True,
+                                       "cache_prompt": False, **GREEDY}))["timings"]
+        assert t["predicted_n"] == 16 and t["predicted_ms"] > 0
+        assert t["predicted_per_second"] == pytest.approx(1e3 / t["predicted_ms"] * 15)
+        assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / 15)
+    text = httpx.get(f"{built.full.url}/metrics", timeout=30).text
+    gauge = next(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("llamacpp:predicted_tokens_seconds "))
+    assert gauge == pytest.approx(1e3 / t["predicted_ms"] * 15, rel=1e-3)
+
+
 def test_chat_stream_progress_chunks_name_the_role(built):
     events = _events(built.full, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "tell me a story " * 10}], "max_tokens": 3,

@@ -69,9 +69,6 @@ WHY = {
     "test_with_and_without_draft": "a draft model's sampled drafts are verified by rejection "
                                    "sampling (the target's distribution, not the same draws "
                                    "for a seed; n-gram and suffix drafts do give the same text)",
-    "test_metrics_generation_rate_excludes_first_token":
-        "accounting: Tandem's first token costs a pass of its own (the prompt pass leaves the "
-        "last prompt token to it), so tok/s is n / time, not (n - 1) / time",
 }
 
 
@@ -83,7 +80,6 @@ KINDS = {
     "multimodal": "multimodal input (no projector)",
     "llama.cpp's own debug log tags": OWN,
     "a draft model's sampled drafts": "a different, documented choice",
-    "accounting": "a different, documented choice",
 }
 
 

@@ -262,13 +262,7 @@ class Engine:
         except BaseException:
             self.slots[slot] = None
             raise
-        if not seq.prefilling:  # the whole prompt was cached already
-            self._prompt_done(seq)
         return seq
-
-    def _prompt_done(self, seq: Sequence) -> None:
-        seq.t_prompt_ms = 1e3 * (time.perf_counter() - seq.t_start)
-        seq.t_gen_start = time.perf_counter()
 
     def calibrate(self, slot: int) -> None:
         """Time target passes of up to max_k+1 rows (at least one per slot), a prompt chunk and a
@@ -418,8 +412,6 @@ class Engine:
         for s, part in chunks:
             self.cache.append(s.slot, part)
             s.prefill_at += len(part)
-            if not s.prefilling:
-                self._prompt_done(s)
         at = 0
         for s, d in zip(gen, drafts):
             t1 = time.perf_counter()
@@ -532,6 +524,9 @@ class Engine:
         # with a grammar, an EOG token comes only where the grammar allows nothing else: its end
         eog = () if sp.ignore_eos and seq.guide is None else self.tok.eog_ids
         seq.n_new = 0
+        if not seq.output and new:  # the first token ends the prompt's time
+            seq.t_gen_start = time.perf_counter()
+            seq.t_prompt_ms = 1e3 * (seq.t_gen_start - seq.t_start)
         for j, t in enumerate(new):
             seq.tokens.append(t)
             seq.output.append(t)

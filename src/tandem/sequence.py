@@ -80,6 +80,11 @@ class Sequence:
         """Still reading its prompt (all but the last token go into the cache first)."""
         return self.prefill_at < self.n_prompt - 1
 
+    @property
+    def gen_steps(self) -> int:
+        """Tokens generated after the first: what predicted_ms timed."""
+        return max(len(self.output) - 1, 0)
+
     def take_text(self) -> str:
         """Text that is safe to stream now: never part of a possible stop string."""
         hold = 0 if self.done else _partial_stop(self.text, self.req.sampling.stop)
@@ -89,7 +94,11 @@ class Sequence:
         return out
 
     def timings(self) -> dict:
+        """llama-server's timings: the prompt's time runs until the first token (the pass that
+        reads the last prompt token gives it), the generation's from there to the last token,
+        so its rate is over the n - 1 tokens after the first (`gen_steps`)."""
         n = len(self.output)
+        steps = self.gen_steps
         t = {
             "cache_n": self.n_prompt - self.n_prompt_processed,
             "prompt_n": self.n_prompt_processed,
@@ -99,8 +108,8 @@ class Sequence:
             if self.t_prompt_ms > 0 else 0.0,
             "predicted_n": n,
             "predicted_ms": self.t_gen_ms,
-            "predicted_per_token_ms": self.t_gen_ms / max(n, 1),
-            "predicted_per_second": 1e3 * n / self.t_gen_ms if self.t_gen_ms > 0 else 0.0,
+            "predicted_per_token_ms": self.t_gen_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / self.t_gen_ms if self.t_gen_ms > 0 else 0.0,
         }
         if self.spec.enabled:
             t["draft_n"] = self.stats.n_drafted

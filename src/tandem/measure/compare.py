@@ -9,7 +9,9 @@ The speed-up is shown twice, from measured figures only:
 - wall time: baseline median / candidate median of the client's wall seconds, with the range of
   the per-pass ratios (pass i of the baseline over pass i of the candidate);
 - decode arithmetic: useful tokens × baseline ms per token ÷ candidate decode ms
-  (tokens_predicted × median(predicted_ms / predicted_n) ÷ median(predicted_ms)).
+  ((tokens_predicted - 1) × median(predicted_ms / (predicted_n - 1)) ÷ median(predicted_ms)):
+  both servers time the generation from the first token, which the prompt's pass gives, so
+  predicted_ms covers the n - 1 tokens after it.
 
 `tandem bench` reports with the same functions: load_run, compare_runs, render_text,
 render_markdown, to_json and write_plot for one comparison; pass_totals, speedup_of, side_stats
@@ -85,7 +87,7 @@ class SideStats:
     wall_s: Spread
     tokens_per_second: Spread
     tokens_predicted: float  # median
-    ms_per_token: float | None  # median of predicted_ms / predicted_n
+    ms_per_token: float | None  # median of predicted_ms / (predicted_n - 1)
     predicted_ms: float  # median
     draft_n: int | None
     draft_n_accepted: int | None
@@ -212,7 +214,7 @@ def _parse_prompts(tasks: object, where: str) -> dict[str, object]:
 
 
 def side_stats(samples: list[Sample]) -> SideStats:
-    per_token = [s.predicted_ms / s.predicted_n for s in samples if s.predicted_n > 0]
+    per_token = [s.predicted_ms / (s.predicted_n - 1) for s in samples if s.predicted_n > 1]
     draft_n = _sum_reported(s.draft_n for s in samples)
     accepted = _sum_reported(s.draft_n_accepted for s in samples)
     n_drafts = _sum_reported(s.n_drafts for s in samples)
@@ -277,7 +279,7 @@ def arithmetic_of(base: SideStats, cand: SideStats) -> Arithmetic | None:
     """useful tokens × baseline ms/token ÷ candidate ms: 256 × 20 ms ÷ 2560 ms = 2.0×."""
     if base.ms_per_token is None or cand.predicted_ms <= 0:
         return None
-    tokens = cand.tokens_predicted
+    tokens = max(cand.tokens_predicted - 1, 0)  # the tokens predicted_ms timed
     return Arithmetic(tokens, base.ms_per_token, cand.predicted_ms,
                       tokens * base.ms_per_token / cand.predicted_ms)
 
@@ -328,8 +330,9 @@ def pass_totals(run: Run, tasks: list[str], passes: set[int]) -> list[Sample]:
     for p in sorted(passes):
         group = [s for t in tasks for s in run.samples[t] if s.pass_index == p]
         ms, n = sum(s.predicted_ms for s in group), sum(s.predicted_n for s in group)
+        steps = sum(max(s.predicted_n - 1, 0) for s in group)  # what predicted_ms timed
         totals.append(Sample(
-            p, sum(s.wall_s for s in group), 1000 * n / ms if ms > 0 else 0.0, ms, n,
+            p, sum(s.wall_s for s in group), 1000 * steps / ms if ms > 0 else 0.0, ms, n,
             sum(s.tokens_predicted for s in group), "", "",
             _sum_reported(s.draft_n for s in group),
             _sum_reported(s.draft_n_accepted for s in group),

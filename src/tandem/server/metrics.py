@@ -76,7 +76,7 @@ class Metrics:
             b = self._bucket
             b[0] += t["prompt_n"]
             b[1] += t["prompt_ms"] / 1e3
-            b[2] += t["predicted_n"]
+            b[2] += seq.gen_steps  # the rate is over the tokens after the first
             b[3] += t["predicted_ms"] / 1e3
             self.n_tokens_max = max(self.n_tokens_max, len(seq.tokens))
             self.drafts += s.n_drafts
