@@ -151,20 +151,41 @@ def test_seeded_sampling_repeats(models):
     assert run(e, [5, 6, 7], **sp) != run(e, [5, 6, 7], **{**sp, "seed": 99})
 
 
-@pytest.mark.parametrize("draft_vocab", [0, 100])
-def test_sampled_distribution_unchanged_by_speculation(models, draft_vocab):
+def test_a_seed_gives_the_same_sampled_text_with_a_draft_model(models):
+    """The draft proposes its top token and the target draws its own sample at each row,
+    kept while they match: a seed gives the target alone's text, as llama-server's
+    test_with_and_without_draft asks, with drafts accepted (the identical draft) or not."""
+    sp = dict(temperature=0.7, top_k=5, top_p=1.0, min_p=0.0, n_predict=24)
+    base = engine(models, "none")
+    vocab = models[0].args.vocab_size
+    for draft in ("same", "other"):
+        spec = engine(models, "draft-simple", draft, n_max=4, p_min=0.0)
+        accepted = 0
+        for seed, ids in enumerate(random_prompts(4, vocab, seed=21)):
+            seq = spec.generate(Request(list(ids), SamplingParams(seed=seed, **sp),
+                                        cache_prompt=False))
+            assert seq.output == run(base, ids, seed=seed, **sp), (draft, seed)
+            assert seq.stats.n_drafted > 0
+            accepted += seq.stats.n_accepted
+        assert draft == "other" or accepted > 0
+
+
+@pytest.mark.parametrize("rejection,draft_vocab", [(False, 100), (True, 0), (True, 100)])
+def test_sampled_distribution_unchanged_by_speculation(models, rejection, draft_vocab):
     """First three generated tokens, with and without a (different) draft: same distribution.
 
     Two-sample chi-square per position over tokens seen at least 10 times in total; with
     n = 700 runs per side a wrong acceptance rule (e.g. always accepting the draft) moves
     these distributions far beyond the 1e-3 level this test allows. draft_vocab 100: the draft
-    samples from a shortlist (zero probability elsewhere), and that must not matter either.
+    proposes from a shortlist (with rejection it samples there: zero probability elsewhere),
+    and that must not matter either. rejection: --spec-draft-rejection's rejection sampling.
     """
     from scipy.stats import chi2_contingency
 
     sp = dict(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, n_predict=3)
     base = engine(models, "none")
-    spec = engine(models, "draft-simple", "other", n_max=3, p_min=0.0, draft_vocab=draft_vocab)
+    spec = engine(models, "draft-simple", "other", n_max=3, p_min=0.0, draft_vocab=draft_vocab,
+                  draft_rejection=rejection)
     n = 700
     outs = {}
     for name, e in (("base", base), ("spec", spec)):

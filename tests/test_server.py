@@ -256,6 +256,15 @@ def test_speculation_does_not_change_greedy_output(srv):
     assert "draft_n" not in alone["timings"] and with_draft["timings"]["draft_n"] > 0
 
 
+def test_a_seed_gives_the_same_sampled_tokens_with_and_without_the_draft(srv):
+    """llama-server's test_with_and_without_draft: temperature 0.2, top-k 5, a seed."""
+    sampled = {"temperature": 0.2, "top_k": 5, "seed": 4242}
+    with_draft = complete(srv, PROMPTS[0], n=16, **sampled)
+    alone = complete(srv, PROMPTS[0], n=16, **sampled, **{"speculative.type": "none"})
+    assert with_draft["timings"]["draft_n"] > 0
+    assert with_draft["tokens"] == alone["tokens"]
+
+
 def test_stream_reassembles_to_the_plain_answer(srv):
     plain = complete(srv, PROMPTS[2], n=20)
     events = stream_events(srv, "/completion", {"prompt": PROMPTS[2], "n_predict": 20,

@@ -66,9 +66,6 @@ WHY = {
                               "and its --no-cache-idle-slots flag",
     "test_disabled_with_flag": "llama.cpp's own debug log tags (__TEST_TAG_CACHE_IDLE_SLOT__) "
                                "and its --no-cache-idle-slots flag",
-    "test_with_and_without_draft": "a draft model's sampled drafts are verified by rejection "
-                                   "sampling (the target's distribution, not the same draws "
-                                   "for a seed; n-gram and suffix drafts do give the same text)",
 }
 
 
@@ -79,7 +76,6 @@ KINDS = {
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
     "multimodal": "multimodal input (no projector)",
     "llama.cpp's own debug log tags": OWN,
-    "a draft model's sampled drafts": "a different, documented choice",
 }
 
 

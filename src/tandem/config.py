@@ -186,6 +186,14 @@ class SpecConfig:
         "--spec-draft-vocab",
         help="the draft proposes only among the first N token ids plus those of the prompt "
              "and output (0 = all)"))
+    draft_rejection: bool = field(default=False, metadata=flag(
+        "--spec-draft-rejection",
+        help="sampled requests: the draft model samples its drafts and they are verified by "
+             "rejection sampling (more accepted at high temperatures; the target's "
+             "distribution, but not the same text as without a draft for a seed). Default: "
+             "the draft proposes its top token and the target draws its own sample at each "
+             "row, so a seed gives the same text with or without speculation, as "
+             "llama-server"))
     ngram_min: int = field(default=2, metadata=flag(
         "--spec-ngram-min-n", help="shortest n-gram to match"))
     ngram_max: int = field(default=4, metadata=flag(

@@ -83,9 +83,14 @@ class DraftModelProposer:
 
     Like llama.cpp's draft-simple: before each token it looks at the draft's own top-token
     probability (temperature 1) and stops when it falls below p_min; a draft shorter than n_min
-    is dropped. Greedy requests draft the argmax; sampled requests draw each token from the
-    draft's distribution under the request's own sampling settings and return those rows as q,
-    so the verifier can keep the target's distribution exactly.
+    is dropped. It drafts its top token, as llama-server's draft does, greedy request or
+    sampled: the verifier then draws the target's own sample at each row and keeps the draft
+    while they match, so a seed gives the same text as without speculation; each token's
+    confidence is its probability under the request's sampling settings, what the target's
+    draw is expected to match. With `rejection` (--spec-draft-rejection) a sampled request's
+    tokens are drawn from the draft's distribution under those settings and the rows are
+    returned as q for rejection sampling: more accepted at high temperatures, the target's
+    distribution, other draws.
 
     The draft's cache slot holds the sequence from token `base` on (0, or with a window the
     start of the prompt's last `window` tokens), at positions counted from there: `propose`
@@ -99,8 +104,10 @@ class DraftModelProposer:
     def __init__(self, model: Transformer, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
                  prefill_chunk: int = 512, window: int = 0, vocab: int = 0,
-                 lazy: bool = False, banned: tuple[int, ...] = ()) -> None:
+                 lazy: bool = False, banned: tuple[int, ...] = (),
+                 rejection: bool = False) -> None:
         self.model, self.cache, self.slot = model, cache, slot
+        self.rejection = rejection and not sampling.greedy  # drafts drawn, verified against q
         # ids never proposed: the end-of-generation tokens of a request that ignores EOS,
         # which the target's rows mask out (so proposing one would only waste the draft)
         self.banned = torch.tensor(sorted(banned), dtype=torch.long)
@@ -207,6 +214,9 @@ class DraftModelProposer:
             if self.sampling.greedy:
                 j = int(logits.argmax())
                 conf.append(top)
+            elif not self.rejection:  # the top token, believed as likely as the target's draw
+                j = int(logits.argmax())
+                conf.append(float(logits_to_probs(logits[None], self.sampling)[0, j]))
             else:
                 q = logits_to_probs(logits[None], self.sampling)[0]
                 j = sample(q, self.gen)

@@ -101,7 +101,7 @@ class Speculation:
                                        spec.n_max, spec.n_min, spec.draft_p_min,
                                        prefill_chunk=self.prefill_chunk,
                                        window=spec.draft_window, vocab=spec.draft_vocab,
-                                       lazy=spec.adaptive,
+                                       lazy=spec.adaptive, rejection=spec.draft_rejection,
                                        banned=tuple(self.draft.tokenizer.eog_ids)
                                        if sampling.ignore_eos else ())
                 n_max = spec.n_max

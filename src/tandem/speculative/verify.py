@@ -31,10 +31,11 @@ same as drawing the target's own token y ~ p and accepting iff y == x, which is 
 computed here: the emitted token is then exactly the target's own sample, and greedy is the
 same rule with the argmax as "the sample". The rows are drawn one at a time, only while they
 match, so a request draws exactly one number per emitted token, as it does without
-speculation: the same seed gives the same text with n-gram or suffix speculation as without
-(llama-server's guarantee too). A draft model's sampled draft (draft_probs given) is verified by
-rejection sampling instead, which accepts more (sum_x min(p, q) rather than p(x)) but draws
-differently: the same distribution, not the same text for a seed.
+speculation: the same seed gives the same text with speculation as without (llama-server's
+guarantee too). The draft model proposes its top token the same way; only with
+--spec-draft-rejection does it sample its draft and pass the rows (draft_probs), which are
+verified by rejection sampling: more accepted (sum_x min(p, q) rather than p(x)) but other
+draws, the same distribution, not the same text for a seed.
 """
 
 from __future__ import annotations
