@@ -418,6 +418,9 @@ def test_slot_save_restore_erase(built):
     n = saved["n_saved"]
     assert n == first["tokens_evaluated"] + first["tokens_predicted"] - 1
     assert saved["n_written"] == (built.dir / "slots" / "one.bin").stat().st_size
+    # (slot 1 forgets it too: idle, it would go to the host prompt cache when slot 0 starts,
+    # and slot 0 would read it back from there after its own erase)
+    assert ok(post(s, "/slots/1?action=erase", {}))["n_erased"] == n
     assert ok(post(s, "/slots/0?action=erase", {}))["id_slot"] == 0
     restored = ok(post(s, "/slots/0?action=restore", {"filename": "one.bin"}))
     assert restored["n_restored"] == n
@@ -702,6 +705,47 @@ def test_kv_unified_shares_the_context_and_fails_what_does_not_fit(built):
             else:
                 assert "context size has been exceeded" in r.json()["error"]["message"].lower()
         assert greedy(s, "A", 40, ignore_eos=True)["timings"]["predicted_n"] == 40
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("idle", ["on", "off"])
+def test_idle_slots_go_to_the_prompt_cache_when_a_request_starts(built, idle):
+    """llama.cpp's test_clear_and_restore and test_disabled_with_flag: 2 slots sharing one
+    context (--kv-unified), --cache-ram. A request starting in slot 1 copies idle slot 0's
+    tokens to host memory and clears the slot (its room goes to the shared context); the same
+    prompt again is read back from host memory and answers as before. The debug log (-v)
+    carries llama-server's markers of those events. --no-cache-idle-slots: slot 0 keeps its
+    tokens in place and nothing is saved when slot 1 starts."""
+    log = built.dir / f"idle-{idle}.log"
+    flags = [] if idle == "on" else ["--no-cache-idle-slots"]
+    s = Server(["--model", str(built.path), "--ctx-size", "512", "--parallel", "2", "-t", "1",
+                "--kv-unified", "--cache-ram", "100", "-v", *flags], log)
+    seen = 0
+
+    def new_log() -> str:
+        nonlocal seen
+        text = log.read_text()
+        out, seen = text[seen:], len(text)
+        return out
+
+    try:
+        s.wait_ready(120)
+        assert ("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__" in new_log()) == (idle == "on")
+        long = [(7 * i + 3) % 200 + 3 for i in range(60)]
+        body = {"n_predict": 4, "cache_prompt": True, **GREEDY}
+        first = ok(post(s, "/completion", {"prompt": long, "id_slot": 0, **body}))
+        assert first["timings"]["prompt_n"] == 60
+        assert "__TEST_TAG_CACHE_IDLE_SLOT__" not in new_log()  # slot 1 held nothing
+        ok(post(s, "/completion", {"prompt": [5, 6, 7, 8], "id_slot": 1, **body}))
+        assert ("__TEST_TAG_CACHE_IDLE_SLOT__" in new_log()) == (idle == "on")
+        again = ok(post(s, "/completion", {"prompt": long, **body}))
+        assert again["content"] == first["content"]
+        assert (again["timings"]["cache_n"], again["timings"]["prompt_n"]) == (59, 1)
+        assert ("updating prompt cache" in new_log()) == (idle == "on")
+        more = ok(post(s, "/completion", {"prompt": long + [9, 10, 11], **body}))
+        assert more["timings"]["cache_n"] >= 60
+        assert "__TEST_TAG_CACHE_IDLE_SLOT__" not in new_log()  # the other slot is empty
     finally:
         s.stop()
 

@@ -62,20 +62,14 @@ WHY = {
                                "and 90 stop early; tests/test_server_parity.py runs the same "
                                "pool with ignore_eos)",
     "test_completion_prompt_cache": MODEL + " (its tokenizer's prompt_n for ' Hello 3' x 43)",
-    "test_clear_and_restore": "llama.cpp's own debug log tags (__TEST_TAG_CACHE_IDLE_SLOT__) "
-                              "and its --no-cache-idle-slots flag",
-    "test_disabled_with_flag": "llama.cpp's own debug log tags (__TEST_TAG_CACHE_IDLE_SLOT__) "
-                               "and its --no-cache-idle-slots flag",
 }
 
 
-OWN = "llama.cpp's own test features (debug log tags)"
 # how the reasons group (a reason belongs to the first kind it starts with)
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
     "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
     "multimodal": "multimodal input (no projector)",
-    "llama.cpp's own debug log tags": OWN,
 }
 
 

@@ -532,6 +532,10 @@ class EngineConfig:
     # a full context drops half its tokens after the request's n_keep and generation goes on
     # (llama-server's --context-shift; the server's flag sets it), instead of stopping
     context_shift: bool = False
+    # llama-server's --cache-idle-slots (the server's flag sets it; on by default, as there):
+    # with the host prompt cache on, a request's start copies every idle slot's cached tokens
+    # there, and with kv_unified clears those slots, giving their room to the shared context
+    cache_idle_slots: bool = True
     kernels: bool = field(default_factory=lambda: _env_switch("TANDEM_KERNELS"))
     prompt_kernel: bool = field(default_factory=lambda: _env_switch("TANDEM_PROMPT_KERNEL"))
     native_layers: bool = field(default_factory=lambda: _env_switch("TANDEM_NATIVE_LAYERS"))

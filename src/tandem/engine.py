@@ -13,6 +13,7 @@ steps, between the other sequences' tokens. One iteration (`step`):
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -37,6 +38,8 @@ from .speculative.controller import AcceptanceTracker, CostModel
 from .speculative.draft import draft_step_seconds
 from .speculative.speculator import Speculation
 from .speculative.verify import verify, verify_synthetic
+
+log = logging.getLogger("tandem.engine")
 
 
 # prompt rows beside generating rows take this many times the time those rows take alone
@@ -147,16 +150,34 @@ class Engine:
         self._forget(slot, 0)
         return n
 
-    def _keep_in_host(self, slot: int, keep: int) -> None:
+    def _keep_in_host(self, slot: int, keep: int) -> bool:
         """Before the slot keeps only its first `keep` tokens: the host prompt cache keeps
         what it holds, if that loses at least MIN_TOKENS (only positions that reading their
-        tokens again would give: `exact` after a context shift)."""
+        tokens again would give: `exact` after a context shift). Returns whether it was
+        kept (not when it is there already)."""
         n = self.cache.length(slot)
         if self.cache.exact[slot] is not None:
             n = min(n, self.cache.exact[slot])
         if n - keep >= MIN_TOKENS:
-            self.prompt_cache.save(self.cache.tokens[slot][:n], self.cache.k[:, slot, :, :n],
-                                   self.cache.v[:, slot, :, :n])
+            return self.prompt_cache.save(self.cache.tokens[slot][:n],
+                                          self.cache.k[:, slot, :, :n],
+                                          self.cache.v[:, slot, :, :n])
+        return False
+
+    def _cache_idle_slots(self, started: int) -> None:
+        """--cache-idle-slots, as llama-server's: a request started in slot `started`, so
+        every idle slot's cached tokens go to the host prompt cache, and with --kv-unified the
+        slot is cleared, its room given to the shared context (a later prompt that starts the
+        same way is read back from host memory). The debug lines carry llama-server's markers
+        of the same events, which its test suite reads."""
+        for i, s in enumerate(self.slots):
+            if i == started or s is not None or not self.cache.length(i):
+                continue
+            if self._keep_in_host(i, 0):
+                log.debug("slot %d: saved its %d idle tokens to the prompt cache "
+                          "__TEST_TAG_CACHE_IDLE_SLOT__", i, self.cache.length(i))
+            if self.cfg.pool is not None:
+                self._forget(i, 0)
 
     def _restore_from_host(self, slot: int, ids: list[int], keep: int) -> int:
         """The host prompt cache's entry with the longest common prefix with ids, loaded into
@@ -246,7 +267,12 @@ class Engine:
             if self.prompt_cache is not None:
                 self._keep_in_host(slot, keep)
                 if req.cache_prompt:
-                    keep = self._restore_from_host(slot, ids[:-1], keep)
+                    own, keep = keep, self._restore_from_host(slot, ids[:-1], keep)
+                    if keep > own:
+                        log.debug("slot %d: updating prompt cache: %d prompt tokens read "
+                                  "back from host memory (%d were in the slot)", slot, keep, own)
+                if self.cfg.cache_idle_slots:
+                    self._cache_idle_slots(slot)
             draft_keep = None  # the draft proposer cuts its cache to the prompt itself
             if self.cfg.pool is not None and self.draft_cache is not None:
                 draft_keep = self.draft_cache.common_prefix(slot, ids[:-1])  # (and memory)

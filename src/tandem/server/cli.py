@@ -125,9 +125,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accepted: Tandem samples on the CPU, where its logits are")
     g.add_argument("--cache-idle-slots", dest="cache_idle_slots",
                    action=argparse.BooleanOptionalAction, default=None,
-                   help="accepted: with --kv-unified an idle slot's cache moves to --cache-ram "
-                        "when the shared context needs its room, and stays in the slot until "
-                        "then")
+                   help="with the host prompt cache on (--cache-ram, on by default): when a "
+                        "request starts, every idle slot's cached tokens are copied there, and "
+                        "with --kv-unified the slot is cleared, its room given to the shared "
+                        "context; a prompt that starts the same way later is read back from "
+                        "host memory (default on, as llama-server's; --no-cache-idle-slots: an "
+                        "idle slot keeps its tokens until its room or the slot is needed)")
     g.add_argument("--swa-full", action="store_true",
                    help="accepted: Tandem's cache always keeps every position of sliding-"
                         "window layers")
@@ -272,10 +275,12 @@ def _settings(a: argparse.Namespace):
         a.embedding, a.pooling = True, "rank"
     if a.backend_sampling:
         log.info("--backend-sampling: no effect; Tandem samples on the CPU")
-    if a.cache_idle_slots is not None:
-        log.info("--%scache-idle-slots: no effect; with --kv-unified an idle slot's cache "
-                 "moves to --cache-ram only when the shared context needs its room",
-                 "" if a.cache_idle_slots else "no-")
+    idle = a.cache_idle_slots is not False
+    if idle and engine.cache_ram == 0:
+        if a.cache_idle_slots:
+            log.warning("--cache-idle-slots requires --cache-ram, disabling")
+        idle = False
+    engine = dataclasses.replace(engine, cache_idle_slots=idle)
     if a.swa_full:
         log.info("--swa-full: no effect; Tandem's cache keeps every position of every layer")
     if a.slot_save_path is not None and not os.path.isdir(a.slot_save_path):
@@ -284,7 +289,12 @@ def _settings(a: argparse.Namespace):
     if a.n_gpu_layers is not None:
         log.info("--n-gpu-layers %s: no effect; Tandem runs on the CPU", a.n_gpu_layers)
     if a.verbose:
-        log.setLevel(logging.DEBUG)
+        for name in ("tandem.server", "tandem.engine"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
+        if idle:  # (the marker is llama-server's, which its test suite reads)
+            log.debug("idle slots will be saved to the prompt cache%s upon starting a new "
+                      "task __TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__",
+                      " and cleared" if engine.kv_unified else "")
     tools = [t.strip() for t in (a.tools or "").split(",") if t.strip()]
     cors = a.cors_origins
     if cors is None:
