@@ -31,7 +31,7 @@ from .models.decoder import KVCache
 from .models.loader import LoadedModel
 from .sampling import make_generator, token_logprobs
 from .memory import available_memory
-from .promptcache import MIN_TOKENS, PromptCache
+from .promptcache import PromptCache
 from .schedule import prompt_order
 from .sequence import Request, Sequence
 from .speculative.controller import AcceptanceTracker, CostModel
@@ -150,20 +150,6 @@ class Engine:
         self._forget(slot, 0)
         return n
 
-    def _keep_in_host(self, slot: int, keep: int) -> bool:
-        """Before the slot keeps only its first `keep` tokens: the host prompt cache keeps
-        what it holds, if that loses at least MIN_TOKENS (only positions that reading their
-        tokens again would give: `exact` after a context shift). Returns whether it was
-        kept (not when it is there already)."""
-        n = self.cache.length(slot)
-        if self.cache.exact[slot] is not None:
-            n = min(n, self.cache.exact[slot])
-        if n - keep >= MIN_TOKENS:
-            return self.prompt_cache.save(self.cache.tokens[slot][:n],
-                                          self.cache.k[:, slot, :, :n],
-                                          self.cache.v[:, slot, :, :n])
-        return False
-
     def _cache_idle_slots(self, started: int) -> None:
         """--cache-idle-slots, as llama-server's: a request started in slot `started`, so
         every idle slot's cached tokens go to the host prompt cache, and with --kv-unified the
@@ -173,27 +159,11 @@ class Engine:
         for i, s in enumerate(self.slots):
             if i == started or s is not None or not self.cache.length(i):
                 continue
-            if self._keep_in_host(i, 0):
+            if self.prompt_cache.keep(self.cache, i, 0):
                 log.debug("slot %d: saved its %d idle tokens to the prompt cache "
                           "__TEST_TAG_CACHE_IDLE_SLOT__", i, self.cache.length(i))
             if self.cfg.pool is not None:
                 self._forget(i, 0)
-
-    def _restore_from_host(self, slot: int, ids: list[int], keep: int) -> int:
-        """The host prompt cache's entry with the longest common prefix with ids, loaded into
-        the slot where it reuses more than the slot's own `keep` tokens; returns the tokens
-        the slot now reuses. (Its first `keep` positions are the same already: the same tokens
-        at the same positions give the same bits.)"""
-        n, e = self.prompt_cache.best(ids)
-        if e is None or n <= keep:
-            return keep
-        self.cache.k[:, slot, :, keep:n] = e.k[:, :, keep:n]
-        self.cache.v[:, slot, :, keep:n] = e.v[:, :, keep:n]
-        self.cache.tokens[slot] = list(e.tokens[:n])
-        self.cache.exact[slot] = None
-        if n == len(e.tokens):  # the slot holds all of it now; it comes back when displaced
-            self.prompt_cache.take(e)
-        return n
 
     def _forget(self, slot: int, keep: int, draft_keep: int | None = 0) -> None:
         """Keep the first `keep` tokens of the slot's cache (and `draft_keep` of the draft's;
@@ -265,9 +235,9 @@ class Engine:
         try:
             keep = self.cache.common_prefix(slot, ids[:-1]) if req.cache_prompt else 0
             if self.prompt_cache is not None:
-                self._keep_in_host(slot, keep)
+                self.prompt_cache.keep(self.cache, slot, keep)
                 if req.cache_prompt:
-                    own, keep = keep, self._restore_from_host(slot, ids[:-1], keep)
+                    own, keep = keep, self.prompt_cache.restore(self.cache, slot, ids[:-1], keep)
                     if keep > own:
                         log.debug("slot %d: updating prompt cache: %d prompt tokens read "
                                   "back from host memory (%d were in the slot)", slot, keep, own)
@@ -280,7 +250,8 @@ class Engine:
             seq.prefill_at = keep
             seq.n_prompt_processed = len(ids) - keep
             seq.speculator = self.speculation.start(spec, slot, req.sampling, gen, list(ids),
-                                                    seq.stats, seq.guide)
+                                                    seq.stats, seq.guide,
+                                                    prompt_read=seq.n_prompt_processed)
             # the controllers (auto) and the scheduler (several slots) need pass costs
             if (not self._calibrated and len(self.costs.verify) < 2
                     and (spec.adaptive or self.cfg.n_parallel > 1)):
@@ -485,7 +456,7 @@ class Engine:
                 for i, s in enumerate(self.slots):
                     if s is None and self.cache.length(i):
                         if self.prompt_cache is not None:
-                            self._keep_in_host(i, 0)
+                            self.prompt_cache.keep(self.cache, i, 0)
                         self._forget(i, 0)
                 free = pool - self.pool_held()
             room = free - len(gen)

@@ -102,3 +102,32 @@ class PromptCache:
     def _remove(self, key: tuple[int, ...]) -> None:
         e = self.entries.pop(key)
         self.nbytes -= e.nbytes
+
+    def keep(self, cache, slot: int, keep: int) -> bool:
+        """Before the slot of `cache` (models.decoder.KVCache) keeps only its first `keep`
+        tokens: keep what it holds here, if that loses at least MIN_TOKENS (only positions
+        that reading their tokens again would give: `exact` after a context shift). Returns
+        whether it was kept (not when it is here already)."""
+        n = cache.length(slot)
+        if cache.exact[slot] is not None:
+            n = min(n, cache.exact[slot])
+        if n - keep < MIN_TOKENS:
+            return False
+        return self.save(cache.tokens[slot][:n], cache.k[:, slot, :, :n],
+                         cache.v[:, slot, :, :n])
+
+    def restore(self, cache, slot: int, ids: list[int], keep: int) -> int:
+        """The entry with the longest common prefix with ids, loaded into the slot where it
+        reuses more than the slot's own `keep` tokens; returns the tokens the slot now reuses.
+        (Its first `keep` positions are the same already: the same tokens at the same
+        positions give the same bits.)"""
+        n, e = self.best(ids)
+        if e is None or n <= keep:
+            return keep
+        cache.k[:, slot, :, keep:n] = e.k[:, :, keep:n]
+        cache.v[:, slot, :, keep:n] = e.v[:, :, keep:n]
+        cache.tokens[slot] = list(e.tokens[:n])
+        cache.exact[slot] = None
+        if n == len(e.tokens):  # the slot holds all of it now; it comes back when displaced
+            self.take(e)
+        return n

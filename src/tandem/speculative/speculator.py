@@ -26,6 +26,7 @@ import torch
 from ..config import SamplingParams, SpecConfig
 from ..models.decoder import KVCache
 from ..models.loader import LoadedModel
+from .account import Account
 from .controller import AcceptanceTracker, Calibration, Controller, CostModel
 from ..grammar import Guide
 from .draft import DraftModelProposer
@@ -81,11 +82,12 @@ class Speculation:
 
     def start(self, spec: SpecConfig, slot: int, sampling: SamplingParams,
               gen: torch.Generator | None, prompt: list[int], stats: SpecStats,
-              guide: Guide | None = None) -> Speculator:
+              guide: Guide | None = None, prompt_read: int = 0) -> Speculator:
         """The speculation of a new sequence whose tokens so far are prompt (spec resolved).
         guide: the request's grammar; with speculation on, it drafts the tokens the grammar
         forces, cuts the other proposers' drafts where it forbids a token, and masks what the
-        draft model samples from."""
+        draft model samples from. prompt_read: the prompt tokens the target reads (not
+        cached), where the request's account under auto starts (account.Account)."""
         entries: list[_Entry] = []
         for t in spec.types:
             if t == "ngram-simple":
@@ -118,7 +120,10 @@ class Speculation:
                 if t == "suffix" and self.pool is not None:
                     pool = self._controller(POOL, n_max)
             entries.append(_Entry(p, ctl, pool))
-        return Speculator(self, entries, stats, guide if spec.enabled else None)
+        account = None
+        if spec.adaptive:
+            account = Account(self.costs, prompt_read)
+        return Speculator(self, entries, stats, guide if spec.enabled else None, account)
 
     def _controller(self, kind: str, n_max: int) -> Controller:
         if kind not in self.learned:
@@ -136,9 +141,12 @@ class Speculator:
     """One sequence's proposers, each with its controller under auto (see `draft`)."""
 
     def __init__(self, shared: Speculation, entries: list[_Entry], stats: SpecStats,
-                 guide: Guide | None = None) -> None:
+                 guide: Guide | None = None, account: Account | None = None) -> None:
         self.shared, self.entries, self.stats = shared, entries, stats
         self.guide = guide  # the request's grammar (with speculation on)
+        # under auto: how far ahead of the target alone, never more than RISK behind
+        self.account = account
+        self._drafting = 0.0  # the draft model's seconds (at the costs) for this step's draft
         self._by: _Entry | None = None  # the entry whose proposer drafted this step
         self._ctl: Controller | None = None  # ... and the controller that sized its draft
         self._ended = False
@@ -188,10 +196,12 @@ class Speculator:
         prompt chunks; the tokens those other sequences are sure to gain), so that a controller
         weighs its rows by what they cost in this pass, not in a pass of its own."""
         self._by = None
+        self._drafting = 0.0
         if budget <= 0:
             return Draft([])
         self.steps += 1
         costs = self.shared.costs
+        account = self.account
         for e in self.entries:
             p, ctl = e.proposer, e.controller
             if p.free and e.pool is not None:
@@ -208,6 +218,8 @@ class Speculator:
                     d = d.cut(k)
             else:
                 k = budget if ctl is None else min(budget, ctl.choose(None, *batch))
+                if account is not None and k > 0:
+                    k = account.affordable(k, costs.draft_token or 0.0)
                 if k <= 0:
                     continue
                 catch_up = p.unseen()
@@ -219,18 +231,29 @@ class Speculator:
                     expected = self.shared.expected_remaining(self.produced, remaining) * empty
                     if not self._catch_up_pays(ctl.n_max, catch_up, expected):
                         continue
+                    pre = costs.draft_prefill_token
+                    if account is not None and pre is not None \
+                            and not account.can_spend(catch_up * pre):
+                        continue  # it could put the request behind the target alone
                     t0 = time.perf_counter()
                     fed = p.prepare(self.shared.shared_catch_up if batch[0] else None)
                     dt = time.perf_counter() - t0
                     self.stats.t_draft += dt
+                    if account is not None:
+                        account.spend(fed * pre if pre is not None else dt)
                     costs.record_draft_prefill(fed, dt)
                     catch_up -= fed
                     if catch_up > 2:  # still reading (a shared pass): draft once caught up
                         continue
+                    if account is not None:  # what the catch-up cost is not there to risk
+                        k = account.affordable(k, costs.draft_token or 0.0)
+                        if k <= 0:
+                            continue
                 t0 = time.perf_counter()
                 d = p.propose(k)
                 dt = time.perf_counter() - t0
                 self.stats.t_draft += dt
+                self._drafting = len(d.ids) * (costs.draft_token or 0.0)
                 if ctl is not None and d.ids and d.conf is not None:
                     d = d.cut(ctl.cut(d.conf, *batch))
                 # the cost of drafting per token verified (calls that gave none count too); a
@@ -238,6 +261,8 @@ class Speculator:
                 # would overstate it: not recorded
                 if catch_up <= 2:
                     costs.record_draft(len(d.ids), dt)
+            if account is not None and p.free and d.ids:
+                d = d.cut(account.affordable(len(d.ids)))
             if d.ids:
                 self._by, self._ctl = e, ctl
                 self.covered += p.free
@@ -286,6 +311,9 @@ class Speculator:
             p.accept(n_accepted, tokens)
         self.produced += len(tokens)
         k = len(draft.ids)
+        if self.account is not None:
+            self.account.step(k, len(tokens), self._drafting)
+            self._drafting = 0.0
         if not k:
             return
         self.stats.record(k, n_accepted)
