@@ -26,8 +26,9 @@ def test_the_prompt_read_is_the_margin_of_the_first_drafts():
     # 100 prompt rows = 1 s: 2 tokens (loss 0.04 s) fit 5% of 1.14 s, 3 (0.07 s) do not
     a = Account(frozen(), prompt_rows=100)
     assert a.affordable(4) == 2
-    # the prompt cost is not measured yet: nothing counts for it
-    assert Account(frozen(None), prompt_rows=100).affordable(4) == 0
+    # the prompt cost is not measured yet: the account does not bind until it is
+    assert Account(frozen(None), prompt_rows=100).affordable(4) == 4
+    assert Account(frozen(None)).can_spend(10.0)
     # a 1000-row prompt allows the longest draft from the start
     assert Account(frozen(), prompt_rows=1000).affordable(4) == 4
 

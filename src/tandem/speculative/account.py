@@ -47,9 +47,17 @@ class Account:
     def _fits(self, loss: float, seconds: float) -> bool:
         return self.ahead - loss >= -RISK * (self.elapsed + seconds)
 
+    @property
+    def measured(self) -> bool:
+        """Whether the costs it needs are known (the engine's calibration measures them before
+        a request's first step); until then it does not bind: the costs get measured."""
+        return self.costs.prompt_token is not None and self.costs.verify_time(1) is not None
+
     def affordable(self, k: int, per_token: float = 0.0) -> int:
         """The longest k' <= k whose draft (per_token seconds to make each token) may be
         verified: nothing accepted would still keep the bound. Unmeasured costs: k."""
+        if not self.measured:
+            return k
         t1 = self.costs.verify_time(1)
         while k > 0:
             tk = self.costs.verify_time(k + 1)
@@ -63,7 +71,7 @@ class Account:
 
     def can_spend(self, seconds: float) -> bool:
         """Whether `seconds` spent on nothing else (a catch-up) keep the bound."""
-        return self._fits(seconds, seconds)
+        return not self.measured or self._fits(seconds, seconds)
 
     def spend(self, seconds: float) -> None:
         self.ahead -= seconds
