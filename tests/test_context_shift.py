@@ -19,14 +19,20 @@ from . import tiny
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # RoPE on halves / on adjacent pairs
+# RoPE on halves / on adjacent pairs; gemma3 with layer 0 sliding (its own rope base) or full
+# (the model's base, linearly scaled)
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3", "gemma3-full"])
 def test_shift_turns_the_keys_to_their_new_positions(tmp_path, arch):
     """Layer 0's keys and values depend on a token and its position alone, so after dropping
     positions keep .. keep + discard - 1 they must be what reading the shortened sequence
     computes: values exactly (moved), keys up to float32 rounding (turned); the positions
     before `keep` are untouched, and a later request reuses no more than those."""
-    m = load_model(tiny.write_gguf(tiny.hf_model(arch, seed=4), tmp_path / "m.gguf", arch),
+    arch, _, full = arch.partition("-")
+    over = dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]) if full else {}
+    m = load_model(tiny.write_gguf(tiny.hf_model(arch, seed=4, **over), tmp_path / "m.gguf", arch),
                    Numerics(dtype="float32"), max_len=128)
+    assert m.args.layer_rope(0) == ((1e6, 2.0) if full else (1e4, 1.0) if arch == "gemma3"
+                                    else (m.args.rope_theta, 1.0))
     ids = [(7 * i + 3) % (m.args.vocab_size - 4) for i in range(40)]
     keep, discard = 5, 13
     cache = KVCache(m.args, 2, 128, torch.float32)

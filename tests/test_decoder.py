@@ -27,7 +27,7 @@ def _ours(m, ids: list[int], chunk: int | None = None) -> torch.Tensor:
     return torch.cat(out)
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3", "gemma3"])
 def pair(request, tmp_path_factory):
     arch = request.param
     ref = tiny.hf_model(arch, seed=1)

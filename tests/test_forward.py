@@ -28,10 +28,11 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 8, 9, 10, 11, 120, 33, 34, 35, 36, 37]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3", "qwen2-q4k"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3", "gemma3", "qwen2-q4k"])
 def qmodel_path(request, tmp_path_factory):
     """A tiny model with Q8_0 linear weights (qwen2: q/k/v biases, rope on halves; llama:
-    rope on adjacent pairs), or Q4_K ones 256 wide (qwen2-q4k: its int8 products read the
+    rope on adjacent pairs; gemma3: sandwich norms, GELU, sliding-window layers with their own
+    rope, a scaled one), or Q4_K ones 256 wide (qwen2-q4k: its int8 products read the
     kernels' 16-row groups, rowdotx.c)."""
     arch, _, q4k = request.param.partition("-")
     d = tmp_path_factory.mktemp(f"q-{request.param}")

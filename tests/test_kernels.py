@@ -210,11 +210,11 @@ def test_a_wrong_ctypes_mirror_is_refused_naming_the_field(monkeypatch):
     eps_last = model(lambda f: [x for x in f if x[0] != "eps"] + [("eps", ctypes.c_float)])
     no_prompt_rows = model(lambda f: [x for x in f if x[0] != "prompt_rows"])
     extra = model(lambda f: f + [("spare", ctypes.c_int64)])
-    eps, cos = layout["tq_model.eps"][0], layout["tq_model.cos"][0]
+    eps, scale = layout["tq_model.eps"][0], layout["tq_model.attn_scale"][0]
     cases = [(wider_eps, ["tq_model.eps", f"offset {eps} (size 4) in C",
                           f"offset {eps} (size 8) in the ctypes mirror BadModel"]),
              (swapped, ["tq_model.dim", "offset 8 (size 8) in C", "offset 0 (size 8) in the"]),
-             (eps_last, ["tq_model.cos", f"offset {cos} (size 8) in C"]),
+             (eps_last, ["tq_model.attn_scale", f"offset {scale} (size 4) in C"]),
              (no_prompt_rows, ["tq_model.prompt_rows", "missing from the ctypes mirror"]),
              (extra, ["tq_model.spare", "not a field of tq_model in C"])]
     for wrong, words in cases:

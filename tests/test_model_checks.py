@@ -182,3 +182,34 @@ def test_a_special_token_id_outside_the_vocabulary_is_ignored_with_a_warning(goo
         m = load_model(edited(good, tmp_path, edit))
     assert "tokenizer.ggml.eos_token_id is 99999, not a token id (0..302)" in caplog.text
     assert m.tokenizer.eos_id is None
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("gemma")
+    return tiny.write_gguf(tiny.hf_model("gemma3", seed=1), d / "gemma.gguf", "gemma3")
+
+
+def test_a_gemma3_file_checked_for_its_own_tensors_and_keys(gemma, tmp_path):
+    """Gemma 3's sandwich norms are required tensors of their shape, and its rope scaling, its
+    sliding-window pattern and its logit cap are checked by name."""
+    assert load_model(gemma).args.swa_layers == (True, False, True)
+
+    def post_norm_wider(r):
+        tensor_part(r, "blk.1.post_ffw_norm.weight", "dims")[0] *= 2
+
+    refused(edited(gemma, tmp_path, post_norm_wider), "'blk.1.post_ffw_norm.weight'",
+            "shape [128]", "expected [64]")
+
+    def yarn(r):
+        meta(r, "gemma3.rope.scaling.type")  # present: written as "linear"
+        field = r.fields["gemma3.rope.scaling.type"]
+        field.parts[-1][:] = np.frombuffer(b"yarn\0\0", np.uint8)
+
+    refused(edited(gemma, tmp_path, yarn), "gemma3.rope.scaling.type is 'yarn", "linear")
+
+    def fewer_blocks(r):  # the per-layer pattern names three
+        meta(r, "gemma3.block_count")[0] = 2
+
+    refused(edited(gemma, tmp_path, fewer_blocks), "pattern names 3 layers",
+            "gemma3.block_count is 2")

@@ -57,6 +57,16 @@ def config(arch: str, **over) -> dict:
     return cfg
 
 
+# Gemma 3's shape in small: heads of 32, five sliding-window layers (a window of 4 positions,
+# their own rope base) to every full one, whose rope is linearly scaled
+GEMMA3 = dict(
+    head_dim=32, num_hidden_layers=3, sliding_window=4, query_pre_attn_scalar=32,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", pad_token_id=0,
+)
+
 # a model whose every matrix is a multiple of 256 wide and of 16 rows (Q4_K, rowdotx.c's groups)
 Q4K_SHAPE = dict(hidden_size=256, intermediate_size=512)
 
@@ -75,12 +85,15 @@ def hf_model(arch: str, seed: int = 0, **over):
     elif arch == "qwen3":  # heads of 32 (q: 128 wide on a 64-wide model), normed before rope
         c = transformers.Qwen3Config(**config(arch, **{"head_dim": 32, **over}))
         m = transformers.Qwen3ForCausalLM(c)
+    elif arch == "gemma3":
+        c = transformers.Gemma3TextConfig(**config(arch, **{**GEMMA3, **over}))
+        m = transformers.Gemma3ForCausalLM(c)
     else:
         raise ValueError(arch)
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            if name.endswith("norm.weight"):  # gemma's norms multiply by 1 + w
+                p.copy_((arch != "gemma3") + 0.1 * torch.randn_like(p))
             elif p.dim() == 1:  # biases
                 p.copy_(0.1 * torch.randn_like(p))
             else:
@@ -135,8 +148,17 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or
-                               c.rope_parameters["rope_theta"]))
+    rope = c.rope_parameters
+    rope = rope.get("full_attention", rope)
+    w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or rope["rope_theta"]))
+    if arch == "gemma3":  # as convert_hf_to_gguf writes Gemma 3 (the pattern is llama.cpp's)
+        w.add_sliding_window(c.sliding_window)
+        sliding = [t == "sliding_attention" for t in c.layer_types]
+        if sliding != [i % 6 < 5 for i in range(len(sliding))]:  # else llama.cpp's default
+            w.add_sliding_window_pattern(sliding)
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     head_dim = getattr(c, "head_dim", None)
     if head_dim and head_dim != c.hidden_size // c.num_attention_heads:
@@ -173,6 +195,10 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
         "self_attn.q_norm.weight": "attn_q_norm.weight",
         "self_attn.k_norm.weight": "attn_k_norm.weight",
         "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+        # gemma3's sandwich
+        **({"post_attention_layernorm.weight": "post_attention_norm.weight",
+            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+            "post_feedforward_layernorm.weight": "post_ffw_norm.weight"} if arch == "gemma3" else {}),
         "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
     }
     for name, t in model.state_dict().items():
@@ -184,6 +210,8 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
         else:
             out = names[name]
         a = t.detach().float().numpy().copy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            a = a + 1  # convert_hf_to_gguf stores gemma's 1 + w
         if arch == "llama" and rest_is(name, "q_proj"):
             a = _permute(a, c.num_attention_heads)
         elif arch == "llama" and rest_is(name, "k_proj"):

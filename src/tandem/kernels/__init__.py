@@ -364,17 +364,21 @@ class _Linear(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)] + [
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "cos",
+        "sin")] + [("window", ctypes.c_int64)] + [
         (name, _Linear) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_len",
-        "rope_interleaved", "prompt_rows")] + [
-        ("eps", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
-        ("layers", ctypes.c_void_p)]
+        "rope_interleaved", "prompt_rows", "act")] + [
+        ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p), ("layers", ctypes.c_void_p)]
+
+
+ACTS = {"silu": 2, "gelu_tanh": 3}  # tq.h's TQ_PRE_SILU, TQ_PRE_GELU
 
 
 _MIRRORS = ((_Linear, "tq_linear"), (_Layer, "tq_layer"), (_Model, "tq_model"))
@@ -395,21 +399,31 @@ class NativeLayers:
     """
 
     def __init__(self, args, layers: list, cos: torch.Tensor, sin: torch.Tensor,
-                 prompt_rows: int, build: str | None = None, repacked: bool = True):
+                 prompt_rows: int, build: str | None = None, repacked: bool = True,
+                 layer_ropes: list | None = None):
         # repacked: the kernels' own layouts where they have one (`repack`; False: the GGUF
-        # blocks for every product, as kernels without those layouts read them)
+        # blocks for every product, as kernels without those layouts read them).
+        # layer_ropes: each layer's (cos, sin) where it differs from the model's (gemma3's
+        # sliding layers), else None
         self.build = build  # a VARIANTS name, None: this CPU's
         self._keep: list[object] = [cos, sin]
         self._layers = (_Layer * len(layers))()
         for i, blk in enumerate(layers):
             lay = self._layers[i]
-            for norm in ("attn_norm", "ffn_norm", "q_norm", "k_norm"):
+            for norm in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm",
+                         "post_ffn_norm"):
                 t = getattr(blk, norm, None)
-                if t is None:  # q_norm, k_norm: qwen3 only (NULL: none)
+                if t is None:  # q_norm, k_norm: qwen3, gemma3; post norms gemma3 (NULL: none)
                     continue
                 t = t.float().contiguous()
                 self._keep.append(t)
                 setattr(lay, norm, t.data_ptr())
+            if layer_ropes is not None and layer_ropes[i][0] is not cos:
+                lc, ls = layer_ropes[i]
+                assert lc.shape == cos.shape and lc.dtype == torch.float32 and lc.is_contiguous()
+                self._keep += [lc, ls]
+                lay.cos, lay.sin = lc.data_ptr(), ls.data_ptr()
+            lay.window = args.window(i)
             for field, attr in LAYER_LINEARS.items():
                 lin = getattr(blk, attr)
                 self._keep.append(lin)
@@ -428,7 +442,8 @@ class NativeLayers:
             n_layers=len(layers), dim=args.dim, n_heads=args.n_heads,
             n_kv_heads=args.n_kv_heads, head_dim=args.head_dim, ffn_dim=args.ffn_dim,
             rope_len=cos.shape[0], rope_interleaved=int(args.rope_interleaved),
-            prompt_rows=prompt_rows, eps=args.norm_eps, cos=cos.data_ptr(), sin=sin.data_ptr(),
+            prompt_rows=prompt_rows, act=ACTS[args.act], eps=args.norm_eps,
+            attn_scale=args.attn_scale, cos=cos.data_ptr(), sin=sin.data_ptr(),
             layers=ctypes.addressof(self._layers))
 
     @staticmethod
@@ -438,7 +453,8 @@ class NativeLayers:
 
     @classmethod
     def from_model(cls, args, layers: list, cos: torch.Tensor, sin: torch.Tensor, *,
-                   prompt_rows: int = PROMPT_ROWS) -> "NativeLayers | None":
+                   prompt_rows: int = PROMPT_ROWS,
+                   layer_ropes: list | None = None) -> "NativeLayers | None":
         if not available() or not layers or not cls.shape_fits(args):
             return None
         if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
@@ -448,7 +464,7 @@ class NativeLayers:
                 lin = getattr(blk, attr)
                 if getattr(lin, "type_name", None) not in KERNEL_TYPES or not hasattr(lin, "kernel_blocks"):
                     return None
-        return cls(args, layers, cos, sin, prompt_rows)
+        return cls(args, layers, cos, sin, prompt_rows, layer_ropes=layer_ropes)
 
     def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 slots: list[int], positions: list[int], *, threads: int) -> torch.Tensor:

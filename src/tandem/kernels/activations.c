@@ -31,6 +31,19 @@ void silu_mul_row(const float *g, const float *u, int64_t n, float *out) {
     }
 }
 
+/* gelu_tanh(g) * u: 0.5 g (1 + tanh(y)) with y = sqrt(2 / pi) (g + 0.044715 g^3), which is
+ * g / (1 + e^(-2y)) (silu's form) */
+void gelu_mul_row(const float *g, const float *u, int64_t n, float *out) {
+    const __m256 c = _mm256_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm256_set1_ps(0.044715f);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(c3, gv), _mm256_mul_ps(gv, gv), gv);
+        const __m256 e = exp8(_mm256_mul_ps(c, y));
+        const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+    }
+}
+
 void add_row(const float *a, const float *b, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));

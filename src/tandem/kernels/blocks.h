@@ -189,6 +189,7 @@ TQ_HIDDEN void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float
  * u; out = a + b (out may be x, g or a) */
 TQ_HIDDEN void rms_norm_row(const float *x, const float *w, int64_t n, float eps, float *out);
 TQ_HIDDEN void silu_mul_row(const float *g, const float *u, int64_t n, float *out);
+TQ_HIDDEN void gelu_mul_row(const float *g, const float *u, int64_t n, float *out);
 TQ_HIDDEN void add_row(const float *a, const float *b, int64_t n, float *out);
 
 /* e^x for 8 floats (Cephes' expf: x = n ln2 + r, degree-5 polynomial in r; relative error

@@ -38,13 +38,16 @@ static const tq_field layout[] = {
     STRUCT(tq_linear), FIELD(tq_linear, type), FIELD(tq_linear, N), FIELD(tq_linear, K),
     FIELD(tq_linear, W), FIELD(tq_linear, bias), FIELD(tq_linear, bits), FIELD(tq_linear, ablock),
     STRUCT(tq_layer), FIELD(tq_layer, attn_norm), FIELD(tq_layer, ffn_norm),
-    FIELD(tq_layer, q_norm), FIELD(tq_layer, k_norm),
+    FIELD(tq_layer, q_norm), FIELD(tq_layer, k_norm), FIELD(tq_layer, post_attn_norm),
+    FIELD(tq_layer, post_ffn_norm), FIELD(tq_layer, cos), FIELD(tq_layer, sin),
+    FIELD(tq_layer, window),
     FIELD(tq_layer, wq), FIELD(tq_layer, wk), FIELD(tq_layer, wv), FIELD(tq_layer, wo),
     FIELD(tq_layer, gate), FIELD(tq_layer, up), FIELD(tq_layer, down),
     STRUCT(tq_model), FIELD(tq_model, n_layers), FIELD(tq_model, dim), FIELD(tq_model, n_heads),
     FIELD(tq_model, n_kv_heads), FIELD(tq_model, head_dim), FIELD(tq_model, ffn_dim),
     FIELD(tq_model, rope_len), FIELD(tq_model, rope_interleaved),
-    FIELD(tq_model, prompt_rows), FIELD(tq_model, eps), FIELD(tq_model, cos),
+    FIELD(tq_model, prompt_rows), FIELD(tq_model, act), FIELD(tq_model, eps),
+    FIELD(tq_model, attn_scale), FIELD(tq_model, cos),
     FIELD(tq_model, sin), FIELD(tq_model, layers),
     {NULL, 0, 0}};
 
@@ -288,7 +291,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                int kv_types) {
     const int64_t D = md->dim, H = md->n_heads, Hkv = md->n_kv_heads, hd = md->head_dim;
     const int64_t F = md->ffn_dim, QD = H * hd, KD = Hkv * hd;
-    if (M <= 0 || D % 32 || hd % 8 || H % Hkv)
+    if (M <= 0 || D % 32 || hd % 8 || H % Hkv || (md->act != TQ_PRE_SILU && md->act != TQ_PRE_GELU))
         return -1;
     for (int64_t m = 0; m < M; m++)
         if (slots[m] < 0 || slots[m] >= n_slots || pos[m] < 0 || pos[m] >= max_len ||
@@ -313,7 +316,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
     float *k = malloc(sizeof(float) * M * KD), *v = malloc(sizeof(float) * M * KD);
     float *o = malloc(sizeof(float) * M * QD), *t = malloc(sizeof(float) * M * D);
     float *g = malloc(sizeof(float) * M * F), *u = malloc(sizeof(float) * M * F);
-    float *tmp = malloc(sizeof(float) * nth * kmax);
+    float *tmp = malloc(sizeof(float) * nth * 2 * kmax); /* tq_pre's: 2 K a thread */
     int rc = 0, ns = 0;
     while (ns < 3 && (rc = tq_scratch_alloc(&scr[ns], M, kmax)) == 0)
         ns++;
@@ -324,7 +327,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
         return -2;
     }
     const tq_scratch *s3[3] = {&scr[0], &scr[1], &scr[2]};
-    const float scale = 1.f / sqrtf((float)hd);
+    const float scale = md->attn_scale;
     const int64_t half = hd / 2, group = H / Hkv;
     const int kh = (kv_types & TQ_K_F16) != 0, vh = (kv_types & TQ_V_F16) != 0;
     const int64_t kb = hd * (kh ? 2 : 4), vb = hd * (vh ? 2 : 4); /* bytes a cache row */
@@ -337,7 +340,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
 #pragma omp parallel num_threads(nth)
     {
         float *sc = malloc(sizeof(float) * group * (max_len + 9)); /* attention scores */
-        float *mine = tmp + omp_get_thread_num() * kmax;
+        float *mine = tmp + omp_get_thread_num() * 2 * kmax;
         float *cur = x, *alt = xb; /* the residual stream, and where the next sum goes */
         for (int64_t l = 0; l < md->n_layers; l++) {
             const tq_layer *L = md->layers + l;
@@ -347,18 +350,20 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                * the previous layer's residual addition (t: its down projection) and the norm */
                 const tq_linear *qkv[3] = {&L->wq, &L->wk, &L->wv};
                 float *const out[3] = {q, k, v};
-                const tq_pre pre = {TQ_PRE_NORM, l > 0 ? t : NULL, alt, L->attn_norm, md->eps,
-                                    NULL, mine};
+                const tq_pre pre = {TQ_PRE_NORM, l > 0 ? t : NULL,
+                                    l > 0 ? md->layers[l - 1].post_ffn_norm : NULL, alt,
+                                    L->attn_norm, md->eps, NULL, mine};
                 tq_matmul_team_n(3, qkv, out, s3, cur, &pre, M, md->prompt_rows);
                 if (l > 0) {
                     float *const was = cur;
                     cur = alt, alt = was;
                 }
             }
+            const float *lcos = L->cos ? L->cos : md->cos, *lsin = L->sin ? L->sin : md->sin;
             if (!distinct) {
 #pragma omp for schedule(static)
                 for (int64_t m = 0; m < M; m++) {
-                    const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                    const float *c = lcos + pos[m] * half, *s = lsin + pos[m] * half;
                     head_norm(q + m * QD, H, hd, L->q_norm, md->eps);
                     head_norm(k + m * KD, Hkv, hd, L->k_norm, md->eps);
                     rope(q + m * QD, H, hd, c, s, (int)md->rope_interleaved);
@@ -380,7 +385,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                 const int64_t at = (slots[m] * Hkv + j) * max_len; /* the head's row 0 */
                 float *qj = q + m * QD + j * group * hd;
                 if (distinct) { /* this item's heads: rope, and the key and value cached */
-                    const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                    const float *c = lcos + pos[m] * half, *s = lsin + pos[m] * half;
                     float *kj = k + m * KD + j * hd;
                     head_norm(qj, group, hd, L->q_norm, md->eps);
                     head_norm(kj, 1, hd, L->k_norm, md->eps);
@@ -389,9 +394,11 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                     put_row(kl + (at + pos[m]) * kb, kj, hd, kh);
                     put_row(vl + (at + pos[m]) * vb, v + m * KD + j * hd, hd, vh);
                 }
+                /* a sliding-window layer: the last `window` positions, pos[m] included */
+                const int64_t lo = L->window > 0 && pos[m] + 1 > L->window ? pos[m] + 1 - L->window : 0;
                 if (sc)
-                    attend(qj, group, kl + at * kb, vl + at * vb, pos[m] + 1, hd, scale, sc,
-                           o + m * QD + j * group * hd, kv_types);
+                    attend(qj, group, kl + (at + lo) * kb, vl + (at + lo) * vb, pos[m] + 1 - lo,
+                           hd, scale, sc, o + m * QD + j * group * hd, kv_types);
             }
             tq_matmul_team_n(1, (const tq_linear *[]){&L->wo}, (float *const[]){t}, s3, o,
                              NULL, M, md->prompt_rows);
@@ -399,21 +406,29 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                * projection) and the norm */
                 const tq_linear *gu[2] = {&L->gate, &L->up};
                 float *const out[2] = {g, u};
-                const tq_pre pre = {TQ_PRE_NORM, t, alt, L->ffn_norm, md->eps, NULL, mine};
+                const tq_pre pre = {TQ_PRE_NORM, t, L->post_attn_norm, alt, L->ffn_norm, md->eps,
+                                    NULL, mine};
                 tq_matmul_team_n(2, gu, out, s3, cur, &pre, M, md->prompt_rows);
                 float *const was = cur;
                 cur = alt, alt = was;
             }
-            { /* silu(g) * u, then the down projection */
-                const tq_pre pre = {TQ_PRE_SILU, NULL, NULL, NULL, 0.f, u, mine};
+            { /* silu(g) * u (gelu_tanh(g) * u), then the down projection */
+                const tq_pre pre = {(int)md->act, NULL, NULL, NULL, NULL, 0.f, u, mine};
                 tq_matmul_team_n(1, (const tq_linear *[]){&L->down}, (float *const[]){t}, s3,
                                  g, &pre, M, md->prompt_rows);
             }
         }
-        /* the last layer's residual addition, into x */
+        /* the last layer's residual addition, into x (its FFN's output normed first: gemma3) */
+        const float *last_norm = md->n_layers > 0 ? md->layers[md->n_layers - 1].post_ffn_norm : NULL;
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M * (md->n_layers > 0); m++)
-            add_row(cur + m * D, t + m * D, D, x + m * D);
+        for (int64_t m = 0; m < M * (md->n_layers > 0); m++) {
+            const float *add = t + m * D;
+            if (last_norm) {
+                rms_norm_row(add, last_norm, D, md->eps, mine);
+                add = mine;
+            }
+            add_row(cur + m * D, add, D, x + m * D);
+        }
         if (!sc) {
 #pragma omp atomic write
             rc = -2;

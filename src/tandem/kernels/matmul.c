@@ -142,14 +142,20 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         const int type = (int)l[j]->type;
         const int qb = l[j]->ablock ? (int)l[j]->ablock : (int)block_weights(type);
         const float *in = x + m * K;
-        if (pre && pre->kind == TQ_PRE_SILU) {
-            silu_mul_row(in, pre->u + m * K, K, pre->tmp);
+        if (pre && (pre->kind == TQ_PRE_SILU || pre->kind == TQ_PRE_GELU)) {
+            (pre->kind == TQ_PRE_SILU ? silu_mul_row : gelu_mul_row)(in, pre->u + m * K, K,
+                                                                     pre->tmp);
             in = pre->tmp;
         } else if (pre) { /* the norm; x + add stored by the row's first product, which all
                            * compute the same way */
             if (pre->add) {
                 float *sum = j == 0 ? pre->sum + m * K : pre->tmp;
-                add_row(in, pre->add + m * K, K, sum);
+                const float *add = pre->add + m * K;
+                if (pre->add_w) { /* the branch normed first, in the thread's second K */
+                    rms_norm_row(add, pre->add_w, K, pre->eps, pre->tmp + K);
+                    add = pre->tmp + K;
+                }
+                add_row(in, add, K, sum);
                 in = sum;
             }
             rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);

@@ -61,6 +61,10 @@ typedef struct {
 typedef struct {
     const float *attn_norm, *ffn_norm; /* dim values each */
     const float *q_norm, *k_norm;      /* head_dim values each, or NULL: qwen3's per-head norm */
+    /* gemma3's norms of the attention's and the FFN's outputs (dim values each), or NULL */
+    const float *post_attn_norm, *post_ffn_norm;
+    const float *cos, *sin; /* this layer's rope tables (rope_len, head_dim / 2), NULL: the model's */
+    int64_t window;         /* > 0: a row attends to its last `window` positions only */
     tq_linear wq, wk, wv, wo, gate, up, down;
 } tq_layer;
 
@@ -68,7 +72,9 @@ typedef struct {
     int64_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, rope_len;
     int64_t rope_interleaved;
     int64_t prompt_rows; /* tq_matmul's, for every product */
+    int64_t act;         /* the gated FFN's activation: TQ_PRE_SILU or TQ_PRE_GELU (tanh) */
     float eps;
+    float attn_scale;    /* the attention scores' scale */
     const float *cos, *sin; /* (rope_len, head_dim / 2) */
     const tq_layer *layers;
 } tq_model;
@@ -76,15 +82,18 @@ typedef struct {
 /* What tq_matmul_team_n does to each activation row before it quantizes it: forward.c's norms,
  * residual additions and silu, done in the products' quantization step instead of a step (and
  * a barrier) of their own. Each thread passes its own (tmp). */
-enum { TQ_PRE_NORM = 1, TQ_PRE_SILU = 2 };
+enum { TQ_PRE_NORM = 1, TQ_PRE_SILU = 2, TQ_PRE_GELU = 3 };
 typedef struct {
-    int kind;        /* TQ_PRE_NORM: rms_norm(x + add) * w; TQ_PRE_SILU: silu(x) * u */
+    int kind;        /* TQ_PRE_NORM: rms_norm(x + add) * w; TQ_PRE_SILU: silu(x) * u;
+                      * TQ_PRE_GELU: gelu_tanh(x) * u */
     const float *add; /* NORM: the residual branch added to x first (M rows of K), or NULL */
+    const float *add_w; /* NORM with add: the branch is itself RMS-normed with these K weights
+                         * before the addition (gemma3's post norms), or NULL */
     float *sum;       /* NORM with add: x + add is stored here (M rows of K) */
     const float *w;   /* NORM: the norm's K weights */
     float eps;
     const float *u;   /* SILU: M rows of K */
-    float *tmp;       /* K floats of the calling thread's own */
+    float *tmp;       /* 2 K floats of the calling thread's own */
 } tq_pre;
 
 /* n <= TQ_MAX_PRODUCTS products of the same activations in one OpenMP team call (matmul.c);

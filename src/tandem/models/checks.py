@@ -83,6 +83,15 @@ def check_args(args: ModelArgs, keys: Keys, where: str) -> None:
             and args.rope_theta > 0):
         raise ModelFileError(f"{where}: {keys.rope_theta} is {args.rope_theta!r}; expected a "
                              "positive number")
+    if not (math.isfinite(args.rope_scale) and args.rope_scale > 0):
+        raise ModelFileError(f"{where}: the rope scaling factor is {args.rope_scale!r}; "
+                             "expected a positive number")
+    if not (isinstance(args.sliding_window, int) and 0 <= args.sliding_window <= 1 << 24):
+        raise ModelFileError(f"{where}: the sliding window is {args.sliding_window!r}; expected "
+                             "an integer from 0 to 16777216")
+    if args.swa_layers and len(args.swa_layers) != args.n_layers:
+        raise ModelFileError(f"{where}: the sliding-window pattern names {len(args.swa_layers)} "
+                             f"layers; {keys.n_layers} is {args.n_layers}")
 
 
 def expected(args: ModelArgs, keys: Keys) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -104,6 +113,7 @@ def expected(args: ModelArgs, keys: Keys) -> dict[str, tuple[tuple[int, ...], st
         "w_gate": ((f, d), f"{ffn} rows, {dim} columns"),
         "w_up": ((f, d), f"{ffn} rows, {dim} columns"),
         "w_down": ((d, f), f"{dim} rows, {ffn} columns"),
+        "post_attn_norm": ((d,), dim), "post_ffn_norm": ((d,), dim),
         "q_norm": ((args.head_dim,), f"head dimension {args.head_dim}"),
         "k_norm": ((args.head_dim,), f"head dimension {args.head_dim}"),
         "wq.bias": ((q,), heads), "wk.bias": ((kv,), kv_heads), "wv.bias": ((kv,), kv_heads),
@@ -139,6 +149,9 @@ def check_tensors(args: ModelArgs, shapes: dict[str, tuple[int, ...]], names: di
             check(role, names[role].format(i=i))
         for role in ("q_norm", "k_norm"):
             check(role, names[role].format(i=i), required=args.qk_norm)
+        if args.post_norms:
+            for role in ("post_attn_norm", "post_ffn_norm"):
+                check(role, names[role].format(i=i))
         for role in linear[:-1]:
             base = names[role].format(i=i)
             check(role, base + ".weight")

@@ -1,4 +1,4 @@
-"""One decoder for the llama/qwen2/qwen3 family; differences are ModelArgs fields.
+"""One decoder for the llama/qwen2/qwen3/gemma3 family; differences are ModelArgs fields.
 
 The forward pass takes a batch of rows, each row a slot of the KV cache with its own start
 position, and returns logits for every input position: verification needs all k+1 rows.
@@ -78,7 +78,9 @@ class KVCache:
         self.v = make(shape, dtype=v_dtype or dtype, device=device)
         self.max_len = max_len
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
-        self.rope = (args.head_dim, args.rope_theta, args.rope_interleaved)
+        # each layer's (rope base, linear scale): gemma3's sliding layers turn by another base
+        self.rope = (args.head_dim, [args.layer_rope(i) for i in range(args.n_layers)],
+                     args.rope_interleaved)
         # per slot after a context shift (`shift`): how many leading positions still hold what
         # reading those tokens computes; a later request reuses no more than that
         self.exact: list[int | None] = [None] * n_slots
@@ -141,18 +143,19 @@ class KVCache:
         n = self.length(slot)
         if discard <= 0 or keep + discard > n:
             raise ValueError(f"cannot shift {discard} positions after {keep} of {n}")
-        dim, theta, interleaved = self.rope
+        dim, ropes, interleaved = self.rope
         half = dim // 2
-        ang = -discard / theta ** (torch.arange(0, half, dtype=torch.float64) / half)
-        cos, sin = ang.cos(), ang.sin()
-        k = self.k[:, slot, :, keep + discard: n].double()  # (layers, kv heads, moved, dim)
-        if interleaved:
-            x1, x2 = k[..., 0::2], k[..., 1::2]
-            k = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        else:
-            x1, x2 = k.chunk(2, dim=-1)
-            k = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        self.k[:, slot, :, keep: n - discard] = k.to(self.k.dtype)
+        for layer, (theta, scale) in enumerate(ropes):
+            ang = -discard / scale / theta ** (torch.arange(0, half, dtype=torch.float64) / half)
+            cos, sin = ang.cos(), ang.sin()
+            k = self.k[layer, slot, :, keep + discard: n].double()  # (kv heads, moved, dim)
+            if interleaved:
+                x1, x2 = k[..., 0::2], k[..., 1::2]
+                k = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+            else:
+                x1, x2 = k.chunk(2, dim=-1)
+                k = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+            self.k[layer, slot, :, keep: n - discard] = k.to(self.k.dtype)
         self.v[:, slot, :, keep: n - discard] = self.v[:, slot, :, keep + discard: n].clone()
         del self.tokens[slot][keep: keep + discard]
         self.exact[slot] = min(keep, self.exact[slot] if self.exact[slot] is not None else keep)
@@ -163,12 +166,22 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rope_tables(args: ModelArgs, max_len: int) -> tuple[Tensor, Tensor]:
-    """cos, sin: (max_len, head_dim // 2) in float32."""
+def rope_tables(args: ModelArgs, max_len: int, theta: float | None = None,
+                scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """cos, sin: (max_len, head_dim // 2) in float32, for rope base theta (default the
+    model's) and linear scale `scale` (position p turns as p / scale)."""
     half = args.head_dim // 2
-    inv = 1.0 / (args.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-    ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]
+    theta = args.rope_theta if theta is None else theta
+    inv = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+    ang = (torch.arange(max_len, dtype=torch.float64) / scale)[:, None] * inv[None, :]
     return ang.cos().float(), ang.sin().float()
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": gelu_tanh}
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
@@ -190,7 +203,10 @@ class Block(nn.Module):
         self.ffn_norm = w["ffn_norm"]
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
         self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
-        self.q_norm, self.k_norm = w.get("q_norm"), w.get("k_norm")  # qwen3, else None
+        self.q_norm, self.k_norm = w.get("q_norm"), w.get("k_norm")  # qwen3, gemma3
+        # gemma3's norms of the attention's and the FFN's outputs, else None
+        self.post_attn_norm, self.post_ffn_norm = w.get("post_attn_norm"), w.get("post_ffn_norm")
+        self.act = ACTIVATIONS[args.act]
 
     def forward(self, x: Tensor, layer: int, cache: KVCache, ctx: "StepContext") -> Tensor:
         a = self.args
@@ -203,8 +219,10 @@ class Block(nn.Module):
         if self.q_norm is not None:  # qwen3: each head normed before rope
             q = rms_norm(q, self.q_norm, a.norm_eps).to(q.dtype)
             k = rms_norm(k, self.k_norm, a.norm_eps).to(k.dtype)
-        q = apply_rope(q, ctx.cos, ctx.sin, a.rope_interleaved)
-        k = apply_rope(k, ctx.cos, ctx.sin, a.rope_interleaved)
+        cos, sin = ctx.rope[ctx.model_rope_of[layer]]
+        window = a.window(layer)
+        q = apply_rope(q, cos, sin, a.rope_interleaved)
+        k = apply_rope(k, cos, sin, a.rope_interleaved)
         kc, vc = cache.k[layer], cache.v[layer]  # (S, Hkv, max_len, D)
         # advanced indices (B, T) around a slice: the assigned value is (B, T, Hkv, D); the
         # cache rounds to its own dtype, and attention reads what it holds in q's
@@ -212,10 +230,10 @@ class Block(nn.Module):
         vc[ctx.slot_idx, :, ctx.pos] = v.to(vc.dtype)
         qt = q.transpose(1, 2)  # (B, H, T, D)
         if ctx.rowwise:
-            o = attend_rowwise(qt, kc, vc, ctx)
+            o = attend_rowwise(qt, kc, vc, ctx, a.attn_scale, window)
         elif T == 1 and ctx.single_slot is not None:  # one-token decode
             o = attend_row(qt[0, :, 0], kc[ctx.single_slot], vc[ctx.single_slot],
-                           ctx.kv_len).view(1, a.n_heads, 1, a.head_dim)
+                           ctx.kv_len, a.attn_scale, window).view(1, a.n_heads, 1, a.head_dim)
         else:
             if ctx.single_slot is not None:
                 keys = kc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)  # (1, Hkv, L, D)
@@ -224,15 +242,24 @@ class Block(nn.Module):
                 keys = kc[ctx.slots_t, :, : ctx.kv_len]  # (B, Hkv, L, D)
                 vals = vc[ctx.slots_t, :, : ctx.kv_len]
             o = F.scaled_dot_product_attention(qt, keys.to(qt.dtype), vals.to(qt.dtype),
-                                               attn_mask=ctx.mask, enable_gqa=True)
+                                               attn_mask=ctx.mask_of(window), enable_gqa=True,
+                                               scale=a.attn_scale)
         o = o.transpose(1, 2).reshape(B, T, a.n_heads * a.head_dim).to(ctx.dtype)
-        x = x + self.wo(o, **how).float()
+        o = self.wo(o, **how).float()
+        if self.post_attn_norm is not None:
+            o = rms_norm(o, self.post_attn_norm, a.norm_eps)
+        x = x + o
         h = rms_norm(x, self.ffn_norm, a.norm_eps).to(ctx.dtype)
-        return x + self.w_down(F.silu(self.w_gate(h, **how)) * self.w_up(h, **how), **how).float()
+        f = self.w_down(self.act(self.w_gate(h, **how)) * self.w_up(h, **how), **how).float()
+        if self.post_ffn_norm is not None:
+            f = rms_norm(f, self.post_ffn_norm, a.norm_eps)
+        return x + f
 
 
-def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int) -> Tensor:
-    """One query row over the first n cached positions: q (H, D); kc, vc (Hkv, max_len, D).
+def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int, scale: float | None = None,
+               window: int = 0) -> Tensor:
+    """One query row over the first n cached positions (window > 0: the last `window` of
+    them): q (H, D); kc, vc (Hkv, max_len, D). scale: the scores' (default D ** -0.5).
 
     Three small batched products (grouped heads share their key/value head) instead of
     scaled_dot_product_attention, whose CPU kernel costs ~0.3 ms per call for one query (measured
@@ -240,13 +267,16 @@ def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int) -> Tensor:
     decode and verification row, so both give the same bits.
     """
     hkv, d = kc.shape[0], kc.shape[-1]
+    lo = max(0, n - window) if window > 0 else 0
     qg = q.reshape(hkv, -1, d)  # (Hkv, group, D): query heads h*group .. of kv head h
-    keys, vals = kc[:, :n].to(q.dtype), vc[:, :n].to(q.dtype)  # as held, in q's dtype
-    scores = torch.matmul(qg, keys.transpose(1, 2)) * (d ** -0.5)  # (Hkv, group, n)
+    keys, vals = kc[:, lo:n].to(q.dtype), vc[:, lo:n].to(q.dtype)  # as held, in q's dtype
+    scale = d ** -0.5 if scale is None else scale
+    scores = torch.matmul(qg, keys.transpose(1, 2)) * scale  # (Hkv, group, n - lo)
     return torch.matmul(torch.softmax(scores, dim=-1), vals).reshape(-1, d)  # (H, D)
 
 
-def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext") -> Tensor:
+def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext",
+                   scale: float | None = None, window: int = 0) -> Tensor:
     """Attention one query row at a time, each over exactly its own prefix, unmasked.
 
     q: (B, H, T, D); kc, vc: (S, Hkv, max_len, D) -> (B, H, T, D). Every row is then computed
@@ -258,7 +288,8 @@ def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext") -> Ten
     o = torch.empty_like(q)
     for b, (slot, start) in enumerate(zip(ctx.slots, ctx.starts)):
         for t in range(q.shape[2]):
-            o[b, :, t] = attend_row(q[b, :, t], kc[slot], vc[slot], start + t + 1)
+            o[b, :, t] = attend_row(q[b, :, t], kc[slot], vc[slot], start + t + 1, scale,
+                                    window)
     return o
 
 
@@ -279,12 +310,25 @@ class StepContext:
         self.slot_idx = self.slots_t[:, None].expand_as(self.pos)
         self.kv_len = max(starts) + T
         self.single_slot = slots[0] if len(slots) == 1 else None
-        self.cos, self.sin = model.cos[self.pos], model.sin[self.pos]  # (B, T, D/2)
+        # each rope table's rows at these positions, (B, T, D/2); a layer's is rope[of[layer]]
+        self.rope = [(c[self.pos], s[self.pos]) for c, s in model.rope_sets]
+        self.model_rope_of = model.rope_of
+        self._masks: dict[int, Tensor | None] = {}
         if self.rowwise or (len(slots) == 1 and T == 1):
             self.mask = None  # one query sees every cached position (rowwise: no mask needed)
         else:
             keys = torch.arange(self.kv_len, device=dev)
             self.mask = (keys[None, None, :] <= self.pos[:, :, None])[:, None]  # (B,1,T,L)
+        self._masks[0] = self.mask
+
+    def mask_of(self, window: int) -> Tensor | None:
+        """The batched attention's mask for a layer that sees the last `window` positions
+        (0: the causal mask)."""
+        if window not in self._masks:
+            keys = torch.arange(self.kv_len, device=self.pos.device)
+            near = keys[None, None, :] > self.pos[:, :, None] - window  # (B, T, L)
+            self._masks[window] = (near[:, None] if self.mask is None else self.mask & near[:, None])
+        return self._masks[window]
 
 
 class Transformer(nn.Module):
@@ -300,7 +344,13 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(blocks)
         self.norm = norm
         self.output = output
-        self.cos, self.sin = rope_tables(args, max_len)
+        self.cos, self.sin = rope_tables(args, max_len, args.rope_theta, args.rope_scale)
+        # every distinct (base, scale) of the layers' ropes, and which one each layer turns by
+        full = (args.rope_theta, args.rope_scale)
+        kinds = [full] + sorted({args.layer_rope(i) for i in range(args.n_layers)} - {full})
+        self.rope_sets = [(self.cos, self.sin) if i == 0 else rope_tables(args, max_len, *r)
+                          for i, r in enumerate(kinds)]
+        self.rope_of = [kinds.index(args.layer_rope(i)) for i in range(args.n_layers)]
         self._native = False  # not built yet (see native_layers)
 
     @torch.inference_mode()
@@ -315,7 +365,7 @@ class Transformer(nn.Module):
         largest matmul of a prefill chunk). The caller records what the cache now holds.
         """
         B, T = tokens.shape
-        x = self.tok_embeddings[tokens].float()  # (B, T, dim)
+        x = self.embed(tokens)  # (B, T, dim)
         native = self.native_layers(cache)
         wide = logits == "none" and B * T >= WIDE_MIN_ROWS  # see linear.py
         if native is not None:  # every layer in one C call (kernels/forward.c)
@@ -351,7 +401,7 @@ class Transformer(nn.Module):
         assert want == sorted(want), want
         native = self.native_layers(cache)
         if native is not None:
-            x = self.tok_embeddings[torch.tensor(tokens)].float()  # (M, dim)
+            x = self.embed(torch.tensor(tokens))  # (M, dim)
             x = native.forward(x, cache.k, cache.v, slots, positions, threads=self.threads)
             if not want:
                 return None
@@ -371,6 +421,11 @@ class Transformer(nn.Module):
             m = e
         return torch.cat(out) if out else None
 
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The embedding rows of tokens in float32, times the model's embedding scale."""
+        x = self.tok_embeddings[tokens].float()
+        return x * self.args.embed_scale if self.args.embed_scale != 1.0 else x
+
     @property
     def full_speed_rows(self) -> int:
         """The fewest rows with which a pass reads a prompt at full speed: the prompt kernel's
@@ -389,7 +444,8 @@ class Transformer(nn.Module):
             if self.numerics.native_layers:
                 self._native = kernels.NativeLayers.from_model(
                     self.args, list(self.layers), self.cos, self.sin,
-                    prompt_rows=kernels.prompt_rows(self.numerics.prompt_kernel))
+                    prompt_rows=kernels.prompt_rows(self.numerics.prompt_kernel),
+                    layer_ropes=[self.rope_sets[r] for r in self.rope_of])
         if self._native is None or not {cache.k.dtype, cache.v.dtype} <= kernels.CACHE_DTYPES.keys():
             return None
         if not (cache.k.is_contiguous() and cache.v.is_contiguous()):

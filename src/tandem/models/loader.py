@@ -20,7 +20,8 @@ from .decoder import Block, Transformer
 from .gguf_file import GGUFFile
 from .linear import Dense
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "gemma3")
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer attends to everything, the others slide
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # choices.DTYPES but auto
 
 
@@ -119,10 +120,12 @@ def args_from_gguf(g: GGUFFile) -> ModelArgs:
         rope_theta=num("rope.freq_base", float, 10000.0),
         rope_interleaved=g.arch == "llama",  # convert_hf_to_gguf permutes llama's q/k
         qkv_bias="blk.0.attn_q.bias" in g.tensors,
-        qk_norm=g.arch == "qwen3",
+        qk_norm=g.arch in ("qwen3", "gemma3"),
         tie_embeddings="output.weight" not in g.tensors,
         max_seq_len=num("context_length", default=4096),
     )
+    if g.arch == "gemma3":
+        _gemma3_from_gguf(args, g, num)
     rope_dims = num("rope.dimension_count", default=args.head_dim)
     if rope_dims != args.head_dim:
         raise ModelFileError(f"{g.path}: {g.arch}.rope.dimension_count is {rope_dims}, the head "
@@ -131,11 +134,43 @@ def args_from_gguf(g: GGUFFile) -> ModelArgs:
     return args
 
 
+def _gemma3_from_gguf(args: ModelArgs, g: GGUFFile, num: Callable[..., Any]) -> None:
+    """Gemma 3's fields as llama.cpp reads a gemma3 file: embeddings times sqrt(dim), sandwich
+    norms, GELU-tanh, sliding-window layers (five of every six; their rope base 10000,
+    unscaled), linear rope scaling of the others from rope.scaling.factor, and the attention
+    scale of the head dimension (dim / heads for the 62-layer 27B)."""
+    args.embed_scale = args.dim ** 0.5
+    args.post_norms, args.act = True, "gelu_tanh"
+    args.sliding_window = num("attention.sliding_window", default=0)
+    pattern = g.get("attention.sliding_window_pattern")
+    if args.sliding_window <= 0:
+        args.sliding_window = 0  # no window: every layer attends to everything
+    elif isinstance(pattern, list):  # per layer, as newer converters write it
+        args.swa_layers = tuple(bool(p) for p in pattern)
+    else:
+        n = num("attention.sliding_window_pattern", default=GEMMA3_SWA_PATTERN)
+        args.swa_layers = tuple(i % n < n - 1 for i in range(args.n_layers))
+    args.rope_theta_swa = num("rope.freq_base_swa", float, 10000.0)
+    cap = num("final_logit_softcapping", float, 0.0)
+    if cap:
+        raise ModelFileError(f"{g.path}: {g.arch}.final_logit_softcapping is {cap}; Tandem does "
+                             "not cap logits")
+    kind = g.get("rope.scaling.type")
+    factor = num("rope.scaling.factor", float, 0.0)
+    if factor and kind in (None, "linear"):
+        args.rope_scale = factor
+    elif factor and kind != "none":
+        raise ModelFileError(f"{g.path}: {g.arch}.rope.scaling.type is {kind!r}; Tandem reads "
+                             "linear rope scaling only")
+    args.attn_scale = (args.dim / args.n_heads if args.n_layers == 62 else args.head_dim) ** -0.5
+
+
 def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
     where = f"{path}/config.json"
     if not isinstance(cfg, dict):
         raise ModelFileError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     arch = cfg.get("model_type", "")
+    arch = "gemma3" if arch == "gemma3_text" else arch  # Gemma3ForCausalLM's text config
     if arch not in SUPPORTED_ARCHS:
         raise ModelFileError(
             f"{path}: unsupported model_type {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
@@ -146,9 +181,11 @@ def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
 
     rope = cfg.get("rope_parameters")
     rope = rope if isinstance(rope, dict) else {}
+    local = rope.get("sliding_attention")  # gemma3: rope parameters per layer type
+    rope = rope.get("full_attention", rope) if isinstance(local, dict) else rope
     theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
     n_heads, dim = num("num_attention_heads"), num("hidden_size")
-    return ModelArgs(
+    args = ModelArgs(
         arch=arch,
         dim=dim,
         n_layers=num("num_hidden_layers"),
@@ -161,10 +198,33 @@ def args_from_hf_config(cfg: dict, path: Path) -> ModelArgs:
         rope_theta=_number(theta, float, where, "'rope_theta'"),
         rope_interleaved=False,
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias")),
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_seq_len=num("max_position_embeddings", default=4096),
     )
+    if arch == "gemma3":
+        args.embed_scale = args.dim ** 0.5
+        args.post_norms = True
+        act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ModelFileError(f"{where}: 'hidden_activation' is {act!r}; expected "
+                                 "'gelu_pytorch_tanh'")
+        args.act = "gelu_tanh"
+        args.attn_scale = num("query_pre_attn_scalar", float, float(args.head_dim)) ** -0.5
+        args.sliding_window = num("sliding_window", default=0)
+        types = cfg.get("layer_types")
+        if isinstance(types, list):
+            args.swa_layers = tuple(t == "sliding_attention" for t in types)
+        else:
+            n = num("sliding_window_pattern", default=GEMMA3_SWA_PATTERN)
+            args.swa_layers = tuple(i % n < n - 1 for i in range(args.n_layers))
+        local = local if isinstance(local, dict) else {}
+        args.rope_theta_swa = _number(local.get("rope_theta") or cfg.get("rope_local_base_freq")
+                                      or 10000.0, float, where, "'rope_local_base_freq'")
+        scaling = cfg.get("rope_scaling") or rope
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "linear":
+            args.rope_scale = _number(scaling.get("factor"), float, where, "'factor'")
+    return args
 
 
 def resolve_mode(numerics: Numerics) -> str:
@@ -204,8 +264,11 @@ def weight_form(numerics: Numerics, float_file: bool, source: str = "gguf") -> t
 def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
            linear: Callable[[str], torch.nn.Module], dtype: torch.dtype, max_len: int,
            names: dict[str, str], numerics: Numerics,
-           embedding: Callable[[str], object] | None = None) -> Transformer:
+           embedding: Callable[[str], object] | None = None,
+           norm_plus: float = 0.0) -> Transformer:
     """names maps our weight roles to the checkpoint's names, with {i} for the layer.
+    norm_plus: added to every norm's weights (a Hugging Face Gemma's norms multiply by
+    1 + w; its GGUF conversion stores 1 + w).
 
     embedding(name), if given, returns the embedding table and the tied output projection as
     (table, linear) or None to use the dense path.
@@ -223,9 +286,12 @@ def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
              for role in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
         w["attn_norm"] = need(names["attn_norm"].format(i=i)).float()
         w["ffn_norm"] = need(names["ffn_norm"].format(i=i)).float()
-        if args.qk_norm:
-            w["q_norm"] = need(names["q_norm"].format(i=i)).float()
-            w["k_norm"] = need(names["k_norm"].format(i=i)).float()
+        roles = ("q_norm", "k_norm") * args.qk_norm + ("post_attn_norm", "post_ffn_norm") * \
+            args.post_norms
+        for role in roles:
+            w[role] = need(names[role].format(i=i)).float()
+        for role in ("attn_norm", "ffn_norm", *roles):
+            w[role] = w[role] + norm_plus
         blocks.append(Block(args, w))
     special = embedding(names["embed"]) if embedding is not None else None
     if special is not None:
@@ -234,14 +300,16 @@ def _build(args: ModelArgs, get: Callable[[str], Tensor | None],
         emb = need(names["embed"]).to(dtype)
         tied = Dense(emb)
     output = tied if args.tie_embeddings else linear(names["output"])
-    return Transformer(args, emb, blocks, need(names["norm"]).float(), output, max_len, dtype,
-                       numerics)
+    return Transformer(args, emb, blocks, need(names["norm"]).float() + norm_plus, output,
+                       max_len, dtype, numerics)
 
 
 GGUF_NAMES = {
     "embed": "token_embd.weight", "norm": "output_norm.weight", "output": "output",
     "attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight",
     "q_norm": "blk.{i}.attn_q_norm.weight", "k_norm": "blk.{i}.attn_k_norm.weight",
+    "post_attn_norm": "blk.{i}.post_attention_norm.weight",
+    "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
     "wq": "blk.{i}.attn_q", "wk": "blk.{i}.attn_k", "wv": "blk.{i}.attn_v",
     "wo": "blk.{i}.attn_output", "w_gate": "blk.{i}.ffn_gate", "w_up": "blk.{i}.ffn_up",
     "w_down": "blk.{i}.ffn_down",
@@ -256,6 +324,11 @@ HF_NAMES = {
     "wv": "model.layers.{i}.self_attn.v_proj", "wo": "model.layers.{i}.self_attn.o_proj",
     "w_gate": "model.layers.{i}.mlp.gate_proj", "w_up": "model.layers.{i}.mlp.up_proj",
     "w_down": "model.layers.{i}.mlp.down_proj",
+}
+HF_GEMMA3_NAMES = {  # gemma's sandwich: its post_attention_layernorm norms the attention's output
+    **HF_NAMES, "ffn_norm": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "post_attn_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "post_ffn_norm": "model.layers.{i}.post_feedforward_layernorm.weight",
 }
 
 
@@ -358,7 +431,8 @@ def load_hf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
     if not args.tie_embeddings and "lm_head.weight" not in tensors:
         args.tie_embeddings = True
     check_args(args, HF_KEYS, str(path))
-    check_tensors(args, {k: tuple(t.shape) for k, t in tensors.items()}, HF_NAMES, HF_KEYS,
+    names = HF_GEMMA3_NAMES if args.arch == "gemma3" else HF_NAMES
+    check_tensors(args, {k: tuple(t.shape) for k, t in tensors.items()}, names, HF_KEYS,
                   str(path))
 
     def linear(base: str) -> torch.nn.Module:
@@ -370,7 +444,8 @@ def load_hf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
 
     tok = Tokenizer.from_hf_dir(path)
     check_vocabulary(len(tok.tokens), args, HF_NAMES["embed"], str(path))
-    model = _build(args, tensors.get, linear, dt, max_len, HF_NAMES, numerics)
+    model = _build(args, tensors.get, linear, dt, max_len, names, numerics,
+                   norm_plus=1.0 if args.arch == "gemma3" else 0.0)
     return LoadedModel(path, args, model, tok, "hf", dt, time.perf_counter() - t0)
 
 
