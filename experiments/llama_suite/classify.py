@@ -49,12 +49,9 @@ WHY = {
                    "ranks another document first)",
     "test_rerank_tei_format": MODEL + " (the Jina reranker's judgement, as test_rerank)",
     "test_rerank_usage": MODEL + " (the Jina reranker's BERT token counts, 19 and 26)",
-    "test_local_media_file": "multimodal input (no projector; gemma3 not read)",
-    "test_slot_save_restore_text_only_on_multimodal": "multimodal (gemma3 not read)",
-    "test_slot_save_restore_with_image": "multimodal", "test_slot_save_restore_with_two_images":
-        "multimodal", "test_slot_save_restore_with_image_across_restart": "multimodal",
-    "test_slot_save_restore_image_payload_larger_than_context": "multimodal",
-    "test_slot_restore_media_file_without_mmproj": "multimodal",
+    "test_slot_save_restore_image_payload_larger_than_context":
+        "llama.cpp's own state-file format (the test reads the token payload's size from the "
+        "file's bytes; Tandem's slot files are its own, images included)",
     "test_ctx_shift_enabled": MODEL + " (its tokenizer makes the prompt 226 tokens; SmolLM2's "
                               "117 and 96 more fit the slot, so nothing shifts; "
                               "tests/test_server_parity.py shifts the same way)",
@@ -68,8 +65,7 @@ WHY = {
 # how the reasons group (a reason belongs to the first kind it starts with)
 KINDS = {
     MODEL: "expectations of the suite's own models (not the API)",
-    "llama.cpp's own state-file": "expectations of the suite's own models (not the API)",
-    "multimodal": "multimodal input (no projector)",
+    "llama.cpp's own state-file": "llama.cpp's slot file bytes (not the API)",
 }
 
 

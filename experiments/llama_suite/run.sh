@@ -21,6 +21,10 @@ cd "$suite"
 mkdir -p tmp
 # test_speculative downloads its draft to ./tmp unless the file is there: the shim's target
 [ -e tmp/stories15M-q4_0.gguf ] || ln -s "$HOME/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf" tmp/stories15M-q4_0.gguf
+# the test images the suite downloads, stand-ins made here (plugin.py serves them)
+[ -e tmp/stand-in-truck.png ] || "$(dirname "$TANDEM_BIN")/python" -c "
+from PIL import Image, ImageOps
+ImageOps.mirror(Image.open('../../mtmd/test-1.jpeg')).save('tmp/stand-in-truck.png')"
 args=()
 for f in $files; do args+=("unit/$f"); done
 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m pytest -p plugin -q -rA "${args[@]}" "$@"

@@ -24,6 +24,19 @@ REPLACE = [
 ]
 SMOLLM2 = os.path.expanduser("~/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 RERANKER = os.path.expanduser("~/.cache/tandem/suite/smollm2-135m-reranker.gguf")
+MMPROJ = os.path.expanduser("~/.cache/tandem/suite/gemma3-270m-mmproj.gguf")
+
+
+def mmproj() -> str:
+    """A random Gemma 3 projector into Gemma 3 270M (tinygemma3's comes from the hub with its
+    model, as llama-server fetches a repo's mmproj): make_mmproj.py, made once."""
+    if not os.path.exists(MMPROJ):
+        os.makedirs(os.path.dirname(MMPROJ), exist_ok=True)
+        python = os.path.join(os.path.dirname(TANDEM), "python")
+        subprocess.run([python, os.path.join(os.path.dirname(__file__), "make_mmproj.py"),
+                        MMPROJ + ".partial"], check=True)
+        os.replace(MMPROJ + ".partial", MMPROJ)
+    return MMPROJ
 
 
 def reranker() -> str:
@@ -53,6 +66,8 @@ def main(argv):
         name = next(local for key, local in REPLACE if key in (model_hint or ""))
         name = reranker() if name == "reranker" else name
         out = ["--model", name, *out]
+        if name == "gemma3-270m" and "--no-mmproj" not in out:  # the hub's repo has one
+            out = ["--mmproj", mmproj(), *out]
     sys.stderr.write(f"shim: tandem serve {' '.join(out)}\n")
     sys.stderr.flush()
     os.execv(TANDEM, [TANDEM, "serve", *out])

@@ -13,9 +13,9 @@ steps, between the other sequences' tokens. One iteration (`step`):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -23,11 +23,13 @@ from pathlib import Path
 import torch
 
 from . import embedding
+from . import media as mediamod
+from . import slotfile
 from .config import EngineConfig, SpecConfig
 from .cpushare import CpuShare
 from .errors import TandemError
 from .grammar import Guide, bias_vector, constrain
-from .models.decoder import KVCache
+from .models.decoder import KVCache, MediaRows
 from .models.loader import LoadedModel
 from .sampling import make_generator, token_logprobs
 from .memory import available_memory
@@ -48,16 +50,15 @@ PROMPT_SHARE = 2.0
 PROMPT_MEASURE_ROWS = 16  # a prompt-only pass this large measures the per-row prompt cost
 
 
-SLOT_FORMAT = "tandem-slot-1"  # save_slot's file: torch.save of tokens, K and V, model identity
-
-
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, cfg: EngineConfig,
-                 spec: SpecConfig) -> None:
+                 spec: SpecConfig, vision=None) -> None:
+        """vision: the target's image encoder (models/vision.py, --mmproj), or None."""
         spec = spec.resolved(has_draft=draft is not None)  # draft-simple needs a draft
         if cfg.n_threads > 0:  # PyTorch's own operations (the kernels are told per model)
             torch.set_num_threads(cfg.n_threads)
         self.target, self.draft, self.cfg, self.spec = target, draft, cfg, spec
+        self.vision = vision
         self.tok = target.tokenizer
         # room for the largest verification batch beyond the context: [last, *draft]
         self.max_k = spec.spare_positions
@@ -104,44 +105,16 @@ class Engine:
     # -- slot files (llama-server's /slots/{id}?action=save|restore|erase) -----------------
 
     def save_slot(self, slot: int, path: Path) -> tuple[int, int]:
-        """Write what an idle slot's target cache holds (its token ids, keys and values) to
-        `path`; returns (tokens, bytes written). The draft's cache is not saved: it catches up
-        on the restored tokens by itself."""
+        """Write what an idle slot's target cache holds to `path` (slotfile.py); returns
+        (tokens, bytes written)."""
         self._idle(slot)
-        n = self.cache.length(slot)
-        state = {"format": SLOT_FORMAT, "model": self._identity(),
-                 "tokens": list(self.cache.tokens[slot]),
-                 "k": self.cache.k[:, slot, :, :n].clone(), "v": self.cache.v[:, slot, :, :n].clone()}
-        tmp = path.with_name(path.name + ".partial")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-        return n, path.stat().st_size
+        return slotfile.save(self, slot, path)
 
     def restore_slot(self, slot: int, path: Path) -> tuple[int, int]:
-        """Load a save_slot file into an idle slot (any slot of a server with the same target
-        model); returns (tokens, bytes read). A later prompt that starts with those tokens
-        reuses them, as a cached prompt."""
+        """Load a save_slot file into an idle slot (slotfile.py; a file holding an image's
+        positions needs `vision`). Returns (tokens, bytes read)."""
         self._idle(slot)
-        try:
-            state = torch.load(path, weights_only=True)
-        except Exception as e:
-            raise TandemError(f"{path.name}: not a slot file this server can read ({e})") from None
-        if not isinstance(state, dict) or state.get("format") != SLOT_FORMAT:
-            raise TandemError(f"{path.name}: not a Tandem slot file (format {SLOT_FORMAT})")
-        if state["model"] != self._identity():
-            raise TandemError(f"{path.name} was saved with another model or cache layout "
-                              f"({state['model']}), this server runs {self._identity()}")
-        tokens, k, v = state["tokens"], state["k"], state["v"]
-        n = len(tokens)
-        if n >= self.cache.max_len - self.max_k - 1 or k.shape[2] != n:
-            raise TandemError(f"{path.name} holds {n} tokens; a slot here holds at most "
-                              f"{self.cfg.ctx_size - 1}")
-        self.cache.k[:, slot, :, :n] = k
-        self.cache.v[:, slot, :, :n] = v
-        self.cache.tokens[slot] = list(tokens)
-        if self.draft_cache is not None:  # keep what the draft holds only where it agrees
-            self.draft_cache.truncate(slot, self.draft_cache.common_prefix(slot, tokens))
-        return n, path.stat().st_size
+        return slotfile.restore(self, slot, path, self.vision is not None)
 
     def erase_slot(self, slot: int) -> int:
         """Forget what an idle slot's caches hold; returns how many tokens it held."""
@@ -185,12 +158,6 @@ class Engine:
         if self.slots[slot] is not None:
             raise TandemError(f"slot {slot} is processing a request; try again when it is idle")
 
-    def _identity(self) -> dict:
-        a = self.target.args
-        return {"arch": a.arch, "n_layers": a.n_layers, "n_kv_heads": a.n_kv_heads,
-                "head_dim": a.head_dim, "vocab": a.vocab_size, "dtype": f"{self.cache.k.dtype}/{self.cache.v.dtype}",
-                "file": self.target.path.name}
-
     # -- requests -------------------------------------------------------------------------
 
     def free_slot(self, id_slot: int = -1) -> int | None:
@@ -211,14 +178,22 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but the context holds {self.cfg.ctx_size}; "
                 "shorten the prompt or raise --ctx-size"
             )
-        bad = [t for t in ids if not 0 <= t < self.target.args.vocab_size]
+        bad = [t for t in ids if t >= self.target.args.vocab_size or (t < 0 and not req.media)]
         if bad:
             raise TandemError(f"token id {bad[0]} is outside the vocabulary "
                               f"(0..{self.target.args.vocab_size - 1})")
+        if req.media:
+            try:
+                mediamod.check_media(ids, req.media, self.target.args.dim)
+            except ValueError as e:
+                raise TandemError(f"the prompt's images: {e}") from None
         slot = self.free_slot(req.id_slot)
         if slot is None:
             raise TandemError("no free slot")
         spec = self.spec if req.spec is None else req.spec.resolved(self.draft is not None)
+        if req.media and "draft-simple" in spec.types:  # the draft model reads no images
+            spec = dataclasses.replace(
+                spec, types=[t for t in spec.types if t != "draft-simple"] or ["none"])
         gen = make_generator(req.sampling.seed)
         seed = gen.initial_seed()
         seq = Sequence(req, slot, spec, None, gen, seed, self.tok.incremental(), list(ids),
@@ -234,10 +209,12 @@ class Engine:
         self.slots[slot] = seq
         try:
             keep = self.cache.common_prefix(slot, ids[:-1]) if req.cache_prompt else 0
+            keep = mediamod.reuse_limit(req.media, keep)
             if self.prompt_cache is not None:
                 self.prompt_cache.keep(self.cache, slot, keep)
                 if req.cache_prompt:
                     own, keep = keep, self.prompt_cache.restore(self.cache, slot, ids[:-1], keep)
+                    keep = mediamod.reuse_limit(req.media, keep)
                     if keep > own:
                         log.debug("slot %d: updating prompt cache: %d prompt tokens read "
                                   "back from host memory (%d were in the slot)", slot, keep, own)
@@ -377,6 +354,8 @@ class Engine:
             others -= 1
             d = s.speculator.draft(min(self._budget(s), draft_room), self._remaining(s),
                                    batch=(others, len(gen) - 1))
+            if s.req.media and any(t < 0 for t in d.ids):  # an image's ids are never drafted
+                d = d.cut(next(i for i, t in enumerate(d.ids) if t < 0))
             draft_room -= len(d.ids)
             others += 1 + len(d.ids)
             drafts.append(d)
@@ -390,17 +369,30 @@ class Engine:
             pos.extend(range(start, start + len(row)))
         chunks = []
         left = prompt_rows
+        media = MediaRows([], [], [])
         for s in filling:
             if left <= 0:
                 break
-            part = s.tokens[s.prefill_at: min(s.n_prompt - 1, s.prefill_at + left)]
+            end = min(s.n_prompt - 1, s.prefill_at + left)
+            end = mediamod.chunk_end(s.req.media, s.prefill_at, end)
+            part = s.tokens[s.prefill_at: end]
+            for m in s.req.media:  # the chunk's image rows: their vectors, the image's end
+                lo, hi = max(m.start, s.prefill_at), min(m.end, end)
+                if lo < hi:
+                    media.rows.extend(range(len(tokens) + lo - s.prefill_at,
+                                            len(tokens) + hi - s.prefill_at))
+                    media.vectors.append(m.vectors[lo - m.start: hi - m.start])
+                    media.ends.extend([m.end] * (hi - lo))
             tokens.extend(part)
             slots.extend([s.slot] * len(part))
             pos.extend(range(s.prefill_at, s.prefill_at + len(part)))
             chunks.append((s, part))
             left -= len(part)
         t0 = time.perf_counter()
-        logits = self.target.model.forward_packed(tokens, self.cache, slots, pos, want)
+        if media.rows:
+            media.vectors = torch.cat(media.vectors)
+        logits = self.target.model.forward_packed(tokens, self.cache, slots, pos, want,
+                                                  media if media.rows else None)
         t_fwd = time.perf_counter() - t0
         if gen and not chunks:  # the controllers' cost of a pass by its rows (all with logits)
             self.costs.record_verify(len(tokens), t_fwd)

@@ -11,6 +11,7 @@ import torch
 
 from .config import SamplingParams, SpecConfig
 from .grammar import Guide
+from .media import Media
 from .sampling import TokenLogprobs
 from .speculative.speculator import Speculator
 from .speculative.stats import SpecStats
@@ -33,6 +34,7 @@ class Request:
     # those after them it drops (0: half)
     n_keep: int = 0
     n_discard: int = 0
+    media: list[Media] = field(default_factory=list)  # the prompt's images (media.py)
 
 
 @dataclass(slots=True)

@@ -283,19 +283,21 @@ static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
 
 
 /* Run every layer on x (M, dim), in place. kc, vc: the caches, (n_layers, n_slots, n_kv_heads,
- * max_len, head_dim), float32 or IEEE half (kv_types: TQ_K_F16 | TQ_V_F16). Returns 0; -1 for a
- * shape the model or the kernels do not take or a position outside the cache or the rope
- * table; -2 when out of memory. */
+ * max_len, head_dim), float32 or IEEE half (kv_types: TQ_K_F16 | TQ_V_F16). ends: NULL, or per
+ * row the position its attention stops before (pos[m] + 1 is causal; an image's rows all see
+ * the whole image: the rows up to ends[m] - 1 of its slot must be in this call or the cache).
+ * Returns 0; -1 for a shape the model or the kernels do not take or a position outside the
+ * cache or the rope table; -2 when out of memory. */
 int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t max_len,
-               float *x, int64_t M, const int64_t *slots, const int64_t *pos, int nthreads,
-               int kv_types) {
+               float *x, int64_t M, const int64_t *slots, const int64_t *pos,
+               const int64_t *ends, int nthreads, int kv_types) {
     const int64_t D = md->dim, H = md->n_heads, Hkv = md->n_kv_heads, hd = md->head_dim;
     const int64_t F = md->ffn_dim, QD = H * hd, KD = Hkv * hd;
     if (M <= 0 || D % 32 || hd % 8 || H % Hkv || (md->act != TQ_PRE_SILU && md->act != TQ_PRE_GELU))
         return -1;
     for (int64_t m = 0; m < M; m++)
         if (slots[m] < 0 || slots[m] >= n_slots || pos[m] < 0 || pos[m] >= max_len ||
-            pos[m] >= md->rope_len)
+            pos[m] >= md->rope_len || (ends && (ends[m] <= pos[m] || ends[m] > max_len)))
             return -1;
     for (int64_t l = 0; l < md->n_layers; l++) {
         const tq_layer *L = md->layers + l;
@@ -334,6 +336,8 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
     /* every row in a slot of its own (decoding, one row per sequence): a row's rope and cache
      * write can go with its attention, which reads no other row's keys */
     int distinct = 1;
+    for (int64_t m = 0; m < M && distinct && ends; m++) /* a row seeing later ones: write all first */
+        distinct = ends[m] == pos[m] + 1;
     for (int64_t m = 0; m < M && distinct; m++)
         for (int64_t m2 = m + 1; m2 < M && distinct; m2++)
             distinct = slots[m] != slots[m2];
@@ -396,8 +400,9 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                 }
                 /* a sliding-window layer: the last `window` positions, pos[m] included */
                 const int64_t lo = L->window > 0 && pos[m] + 1 > L->window ? pos[m] + 1 - L->window : 0;
+                const int64_t end = ends ? ends[m] : pos[m] + 1;
                 if (sc)
-                    attend(qj, group, kl + (at + lo) * kb, vl + (at + lo) * vb, pos[m] + 1 - lo,
+                    attend(qj, group, kl + (at + lo) * kb, vl + (at + lo) * vb, end - lo,
                            hd, scale, sc, o + m * QD + j * group * hd, kv_types);
             }
             tq_matmul_team_n(1, (const tq_linear *[]){&L->wo}, (float *const[]){t}, s3, o,

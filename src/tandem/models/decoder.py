@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -232,8 +233,8 @@ class Block(nn.Module):
         if ctx.rowwise:
             o = attend_rowwise(qt, kc, vc, ctx, a.attn_scale, window)
         elif T == 1 and ctx.single_slot is not None:  # one-token decode
-            o = attend_row(qt[0, :, 0], kc[ctx.single_slot], vc[ctx.single_slot],
-                           ctx.kv_len, a.attn_scale, window).view(1, a.n_heads, 1, a.head_dim)
+            o = attend_row(qt[0, :, 0], kc[ctx.single_slot], vc[ctx.single_slot], ctx.kv_len,
+                           a.attn_scale, window, ctx.starts[0]).view(1, a.n_heads, 1, a.head_dim)
         else:
             if ctx.single_slot is not None:
                 keys = kc[ctx.single_slot, :, : ctx.kv_len].unsqueeze(0)  # (1, Hkv, L, D)
@@ -257,9 +258,10 @@ class Block(nn.Module):
 
 
 def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int, scale: float | None = None,
-               window: int = 0) -> Tensor:
-    """One query row over the first n cached positions (window > 0: the last `window` of
-    them): q (H, D); kc, vc (Hkv, max_len, D). scale: the scores' (default D ** -0.5).
+               window: int = 0, pos: int | None = None) -> Tensor:
+    """One query row over the first n cached positions (window > 0: from the row's position
+    `pos` (default n - 1) back `window` - 1): q (H, D); kc, vc (Hkv, max_len, D). scale: the
+    scores' (default D ** -0.5). n beyond pos + 1: an image's row sees the whole image.
 
     Three small batched products (grouped heads share their key/value head) instead of
     scaled_dot_product_attention, whose CPU kernel costs ~0.3 ms per call for one query (measured
@@ -267,7 +269,8 @@ def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int, scale: float | None = 
     decode and verification row, so both give the same bits.
     """
     hkv, d = kc.shape[0], kc.shape[-1]
-    lo = max(0, n - window) if window > 0 else 0
+    pos = n - 1 if pos is None else pos
+    lo = max(0, pos + 1 - window) if window > 0 else 0
     qg = q.reshape(hkv, -1, d)  # (Hkv, group, D): query heads h*group .. of kv head h
     keys, vals = kc[:, lo:n].to(q.dtype), vc[:, lo:n].to(q.dtype)  # as held, in q's dtype
     scale = d ** -0.5 if scale is None else scale
@@ -288,9 +291,22 @@ def attend_rowwise(q: Tensor, kc: Tensor, vc: Tensor, ctx: "StepContext",
     o = torch.empty_like(q)
     for b, (slot, start) in enumerate(zip(ctx.slots, ctx.starts)):
         for t in range(q.shape[2]):
-            o[b, :, t] = attend_row(q[b, :, t], kc[slot], vc[slot], start + t + 1, scale,
-                                    window)
+            end = start + t + 1 if ctx.ends is None else ctx.ends[b][t]
+            o[b, :, t] = attend_row(q[b, :, t], kc[slot], vc[slot], end, scale, window,
+                                    start + t)
     return o
+
+
+@dataclass(slots=True)
+class MediaRows:
+    """The rows of a packed pass that are an image's: row indices, their input vectors
+    (len(rows), dim) float32 (the projector's output, not scaled as token embeddings are) and
+    per row the position its attention stops before (the image's end: its rows see each
+    other, as Gemma 3's image tokens do)."""
+
+    rows: list[int]
+    vectors: Tensor
+    ends: list[int]
 
 
 class StepContext:
@@ -298,9 +314,12 @@ class StepContext:
     layer of one forward pass."""
 
     def __init__(self, model: "Transformer", slots: list[int], starts: list[int], T: int,
-                 rowwise: bool = False, wide: bool = False) -> None:
+                 rowwise: bool = False, wide: bool = False,
+                 ends: list[list[int]] | None = None) -> None:
+        """ends: per row (B lists of T) the position its attention stops before, where some
+        row sees past its own (an image's rows see the whole image); None: causal."""
         dev = model.cos.device
-        self.slots, self.starts = slots, starts
+        self.slots, self.starts, self.ends = slots, starts, ends
         self.rowwise = rowwise and (len(slots) > 1 or T > 1)
         self.wide = wide
         self.dtype = model.dtype
@@ -309,6 +328,8 @@ class StepContext:
         self.pos = starts_t[:, None] + torch.arange(T, device=dev)[None, :]  # (B, T)
         self.slot_idx = self.slots_t[:, None].expand_as(self.pos)
         self.kv_len = max(starts) + T
+        if ends is not None:
+            self.kv_len = max(self.kv_len, max(max(e) for e in ends))
         self.single_slot = slots[0] if len(slots) == 1 else None
         # each rope table's rows at these positions, (B, T, D/2); a layer's is rope[of[layer]]
         self.rope = [(c[self.pos], s[self.pos]) for c, s in model.rope_sets]
@@ -318,7 +339,8 @@ class StepContext:
             self.mask = None  # one query sees every cached position (rowwise: no mask needed)
         else:
             keys = torch.arange(self.kv_len, device=dev)
-            self.mask = (keys[None, None, :] <= self.pos[:, :, None])[:, None]  # (B,1,T,L)
+            last = self.pos if ends is None else torch.tensor(ends, device=dev) - 1
+            self.mask = (keys[None, None, :] <= last[:, :, None])[:, None]  # (B,1,T,L)
         self._masks[0] = self.mask
 
     def mask_of(self, window: int) -> Tensor | None:
@@ -355,7 +377,8 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, slots: list[int],
-                starts: list[int], logits: str = "all") -> Tensor | None:
+                starts: list[int], logits: str = "all", x: Tensor | None = None,
+                ends: list[list[int]] | None = None) -> Tensor | None:
         """tokens: (B, T) long, row b written at slot slots[b] from position starts[b].
 
         logits: "all" -> (B, T, V) float32 (verification needs every row); "last" -> (B, V);
@@ -363,21 +386,26 @@ class Transformer(nn.Module):
         "hidden_all" -> (B, T, dim), every position's (embeddings);
         "none" -> None (prefill only fills the cache: the vocabulary projection is the
         largest matmul of a prefill chunk). The caller records what the cache now holds.
+        x: the rows' input vectors (B, T, dim) instead of the tokens' embeddings (an image's
+        rows); ends: per row where its attention stops (StepContext; None: causal).
         """
         B, T = tokens.shape
-        x = self.embed(tokens)  # (B, T, dim)
+        x = self.embed(tokens) if x is None else x.float()  # (B, T, dim)
         native = self.native_layers(cache)
         wide = logits == "none" and B * T >= WIDE_MIN_ROWS  # see linear.py
         if native is not None:  # every layer in one C call (kernels/forward.c)
             rows = [s for s in slots for _ in range(T)]
             pos = [st + t for st in starts for t in range(T)]
-            x = native.forward(x.view(B * T, -1), cache.k, cache.v, rows, pos,
-                               threads=self.threads).view(B, T, -1)
+            x = native.forward(x.reshape(B * T, -1), cache.k, cache.v, rows, pos,
+                               threads=self.threads,
+                               ends=None if ends is None else [e for r in ends for e in r]
+                               ).view(B, T, -1)
             if logits == "none":
                 return None
         else:
             # decode and verification rows must not depend on the batch around them: rowwise
-            ctx = StepContext(self, slots, starts, T, rowwise=logits == "all", wide=wide)
+            ctx = StepContext(self, slots, starts, T, rowwise=logits == "all", wide=wide,
+                              ends=ends)
             for i, layer in enumerate(self.layers):
                 x = layer(x, i, cache, ctx)
             if logits == "none":
@@ -391,18 +419,28 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward_packed(self, tokens: list[int], cache: KVCache, slots: list[int],
-                       positions: list[int], want: list[int]) -> Tensor | None:
+                       positions: list[int], want: list[int],
+                       media: "MediaRows | None" = None) -> Tensor | None:
         """Rows of several slots and lengths in one pass, unpadded: row m is the token
         tokens[m] at position positions[m] of cache slot slots[m] (a slot's rows consecutive
         and in order). Returns the logits of the rows `want` (ascending), (len(want), V) float32,
         or None when want is empty. The engine's scheduler step mixes decode and verification
         rows with prompt chunks this way; each row is computed as it would be alone (the
-        native layers in one C call; otherwise one pass per slot's run of rows)."""
+        native layers in one C call; otherwise one pass per slot's run of rows).
+        media: the rows that are an image's (their vectors, unscaled, and their attention's
+        end: the whole image, which is in this pass or the cache)."""
         assert want == sorted(want), want
         native = self.native_layers(cache)
+        x = self.embed(torch.tensor([max(t, 0) for t in tokens]))  # (M, dim)
+        ends = None
+        if media is not None:
+            x[media.rows] = media.vectors.float()
+            ends = [p + 1 for p in positions]
+            for m, e in zip(media.rows, media.ends):
+                ends[m] = e
         if native is not None:
-            x = self.embed(torch.tensor(tokens))  # (M, dim)
-            x = native.forward(x, cache.k, cache.v, slots, positions, threads=self.threads)
+            x = native.forward(x, cache.k, cache.v, slots, positions, threads=self.threads,
+                               ends=ends)
             if not want:
                 return None
             x = rms_norm(x[want], self.norm, self.args.norm_eps).to(self.dtype)
@@ -413,11 +451,12 @@ class Transformer(nn.Module):
             while e < n and slots[e] == slots[m] and positions[e] == positions[e - 1] + 1:
                 e += 1
             mine = [w - m for w in want if m <= w < e]
-            run = torch.tensor([tokens[m:e]])
+            run = torch.tensor([[max(t, 0) for t in tokens[m:e]]])
+            how = dict(x=x[None, m:e], ends=None if ends is None else [ends[m:e]])
             if mine:
-                out.append(self.forward(run, cache, [slots[m]], [positions[m]])[0, mine])
+                out.append(self.forward(run, cache, [slots[m]], [positions[m]], **how)[0, mine])
             else:
-                self.forward(run, cache, [slots[m]], [positions[m]], logits="none")
+                self.forward(run, cache, [slots[m]], [positions[m]], logits="none", **how)
             m = e
         return torch.cat(out) if out else None
 

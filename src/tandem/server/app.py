@@ -37,10 +37,12 @@ from .metrics import CONTENT_TYPE
 from . import page
 from .cors import Cors
 from .openapi import describe
+from . import images
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
 from .prepare import build_request, constraints_of, n_predict_of, prompt_list
 from .results import generation_settings, spec_settings
 from ..errors import TandemError
+from ..media import prompt_text
 from .schemas import ApiError, CompletionBody, parse_body
 from .state import ServerState
 from .worker import Delta, Done, Progress
@@ -249,6 +251,9 @@ def _llama_routes(app: FastAPI, state: ServerState) -> None:
             "chat_template": engine.tok.chat_template or "",
             "bos_token": _token_text(engine, engine.tok.bos_id),
             "eos_token": _token_text(engine, engine.tok.eos_id),
+            "modalities": {"vision": engine.vision is not None, "video": False,
+                           "audio": False},
+            "media_marker": images.marker(),
             "build_info": "tandem",
             "cors_proxy_enabled": state.settings.ui_mcp_proxy,
         }
@@ -323,7 +328,7 @@ def _completion_answer(state: ServerState, body: CompletionBody, index: int, ids
     engine = state.engine
     out = {"index": index, **result, "model": state.model_name,
            "tokens": result["tokens"] if body.return_tokens else [],
-           "prompt": engine.tok.decode(ids), "has_new_line": "\n" in result["content"]}
+           "prompt": prompt_text(engine.tok, ids), "has_new_line": "\n" in result["content"]}
     if body.n_probs and body.post_sampling_probs:
         out["completion_probabilities"] = [_post(p) for p in out["completion_probabilities"]]
     if body.response_fields:

@@ -116,6 +116,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slot-save-path", default=None,
                    help="folder for slot files: POST /slots/ID?action=save|restore "
                         "{\"filename\"} writes or reads a slot's cache there (off without it)")
+    g.add_argument("--mmproj", "-mm", default=None, metavar="FILE",
+                   help="the target's multimodal projector (a Gemma 3 mmproj GGUF): images in "
+                        "chat image_url parts and /completion's multimodal_data")
+    g.add_argument("--mmproj-url", "-mmu", default=None, metavar="URL",
+                   help="refused: Tandem downloads nothing; give --mmproj FILE")
+    g.add_argument("--no-mmproj", action="store_true",
+                   help="no multimodal projector, even with --mmproj")
+    for flag in ("--mmproj-auto", "--mmproj-offload"):
+        g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                       help="accepted: no effect (Tandem finds no projector by itself and "
+                            "runs it on the CPU)")
+    g.add_argument("--media-path", default=None, metavar="DIR",
+                   help="a folder images may be read from as file:// URLs (relative paths, "
+                        "no '..'); off without it")
+    for flag in ("--image-min-tokens", "--image-max-tokens"):
+        g.add_argument(flag, type=int, default=None,
+                       help="accepted: no effect (Gemma 3's images take a fixed number)")
     g.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
                    help="serve POST /rerank (--embedding --pooling rank): a reranker GGUF with "
                         "a classification head (cls.output, e.g. Qwen3-Reranker) scores each "
@@ -285,6 +302,17 @@ def _settings(a: argparse.Namespace):
         log.info("--swa-full: no effect; Tandem's cache keeps every position of every layer")
     if a.slot_save_path is not None and not os.path.isdir(a.slot_save_path):
         raise TandemError(f"--slot-save-path {a.slot_save_path}: no such folder")
+    if a.mmproj_url is not None:
+        raise TandemError(f"--mmproj-url {a.mmproj_url}: Tandem downloads nothing; download "
+                          "the file and give --mmproj FILE")
+    for flag in ("mmproj_auto", "mmproj_offload", "image_min_tokens", "image_max_tokens"):
+        if getattr(a, flag) is not None:
+            log.info("--%s: no effect", flag.replace("_", "-"))
+    mmproj = None if a.no_mmproj else a.mmproj
+    if mmproj is not None and not os.path.isfile(mmproj):
+        raise TandemError(f"--mmproj {mmproj}: no such file")
+    if a.media_path is not None and not os.path.isdir(a.media_path):
+        raise TandemError(f"--media-path {a.media_path}: no such folder")
     chat_template = _chat_template(a)
     if a.n_gpu_layers is not None:
         log.info("--n-gpu-layers %s: no effect; Tandem runs on the CPU", a.n_gpu_layers)
@@ -321,6 +349,7 @@ def _settings(a: argparse.Namespace):
                           pooling=a.pooling,
                           cors_origins=[o.strip() for o in cors.split(",") if o.strip()],
                           slot_save_path=a.slot_save_path, chat_template=chat_template,
+                          mmproj=mmproj, media_path=a.media_path,
                           reasoning=a.reasoning, tools=tools,
                           tools_runtime=a.tools_runtime if tools else None,
                           ui_mcp_proxy=a.ui_mcp_proxy)
@@ -423,6 +452,17 @@ def _load_models(state) -> None:
         raise TandemError("the memory plan does not fit: lower --ctx-size or --parallel, or "
                           "use a smaller model")
     engine = flags.load_engine(s.model, s.model_draft, cfg, spec, log=log.info)
+    if s.mmproj is not None:  # the target's image encoder
+        from ..models.vision import load_mmproj
+
+        engine.vision = load_mmproj(s.mmproj)
+        engine.vision.check_text_model(engine.target.args)
+        if engine.cfg.context_shift:  # as llama-server: an image cannot be cut and moved
+            engine.cfg = dataclasses.replace(engine.cfg, context_shift=False)
+            log.warning("--context-shift is not supported with --mmproj; it is disabled")
+        log.info("mmproj %s: images of %d tokens%s", s.mmproj, engine.vision.tokens_per_image,
+                 "; the draft model is not used for prompts with images"
+                 if engine.draft is not None else "")
     if engine.draft is not None:
         verdict = check_compatible(engine.target.tokenizer, engine.draft.tokenizer)
         log.info("draft %s: %s", engine.draft.path, verdict.message)
@@ -455,7 +495,8 @@ def _load_models(state) -> None:
 
 
 def _warm_up(engine) -> None:
-    """One short greedy generation: runs every code path once and shows speculation at work."""
+    """One short greedy generation: runs every code path once and shows speculation at work;
+    what it leaves in the cache is erased."""
     from ..config import SamplingParams
     from ..engine import Request
 
@@ -464,6 +505,7 @@ def _warm_up(engine) -> None:
     t0 = time.perf_counter()
     seq = engine.generate(Request(ids, SamplingParams(temperature=0.0, n_predict=8),
                                   cache_prompt=False))
+    engine.erase_slot(seq.slot)  # as llama-server clears its cache: no request reuses it
     line = f"warm-up: {len(seq.output)} tokens in {1e3 * (time.perf_counter() - t0):.0f} ms"
     if seq.spec.enabled:
         st = seq.stats

@@ -17,6 +17,7 @@ import uuid
 
 from fastapi import APIRouter, Request as HttpRequest
 
+from ..media import prompt_text
 from .. import __version__
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
 from .prepare import (build_request, chat_ids, chat_text, constraints_of, n_predict_of,
@@ -41,7 +42,11 @@ def _state(http: HttpRequest) -> ServerState:
 async def models(http: HttpRequest):
     state = _state(http)
     engine, _ = state.ready()
-    return {"object": "list", "data": [{
+    # llama-server's answer also carries Ollama's shape, with the model's capabilities
+    caps = ["completion", "multimodal"] if engine.vision is not None else ["completion"]
+    return {"models": [{"name": state.model_name, "model": state.model_name, "type": "model",
+                        "capabilities": caps, "details": {"format": "gguf"}}],
+            "object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": state.created,
         "owned_by": "tandem", "aliases": state.aliases or [state.model_name], "tags": state.settings.tags,
         "meta": {"n_ctx": engine.cfg.ctx_size, "n_vocab": engine.target.args.vocab_size,
@@ -99,7 +104,8 @@ async def chat_input_tokens(http: HttpRequest):
     engine, _ = state.ready()
     body: ChatBody = parse_body(await read_body(http, state), ChatBody)
     return {"input_tokens": len(await off_loop(chat_ids, engine, body,
-                                               state.settings.reasoning))}
+                                               state.settings.reasoning,
+                                               state.settings.media_path))}
 
 
 @router.post("/v1/chat/completions")
@@ -108,7 +114,8 @@ async def chat_completions(http: HttpRequest):
     state = _state(http)
     engine, _ = state.ready()
     body: ChatBody = parse_body(await read_body(http, state), ChatBody)
-    ids = await off_loop(chat_ids, engine, body, state.settings.reasoning)
+    ids = await off_loop(chat_ids, engine, body, state.settings.reasoning,
+                         state.settings.media_path)
     n_probs = (body.top_logprobs or 1) if body.logprobs else 0
     n_predict = n_predict_of(body.max_completion_tokens, body.max_tokens, body.n_predict)
     _one_stream(body, body.n)
@@ -133,7 +140,7 @@ async def chat_completions(http: HttpRequest):
     out = {**meta, "choices": choices, "usage": usage(results, body.n),
            "timings": results[0]["timings"]}
     if body.verbose or state.settings.verbose:  # llama-server's debugging view
-        out["__verbose"] = {**results[0], "prompt": engine.tok.decode(ids)}
+        out["__verbose"] = {**results[0], "prompt": prompt_text(engine.tok, ids)}
     return out
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .. import grammar
 from ..config import SamplingParams, SpecConfig
 from ..errors import TandemError
-from .schemas import ApiError, ChatBody, SamplingFields
+from .schemas import ApiError, ChatBody, MediaPart, SamplingFields
 from .tools import plan, render_messages
 
 if TYPE_CHECKING:
@@ -162,6 +162,22 @@ def prompt_ids(engine: Engine, prompt) -> list[int]:
 
 
 def _one_prompt(engine: Engine, prompt, where: str) -> list[int]:
+    if isinstance(prompt, dict) and prompt.get(MULTIMODAL):  # an image per media marker
+        from . import images
+
+        data = prompt[MULTIMODAL]
+        text = prompt.get(PROMPT_STRING)
+        if not isinstance(data, list) or not all(isinstance(d, str) for d in data):
+            raise ApiError(400, f"{where}.{MULTIMODAL}: expected a list of base64 strings")
+        if not isinstance(text, str):
+            raise ApiError(400, f"{where}.{PROMPT_STRING}: expected the prompt's text, with "
+                                "a media marker where each image goes")
+        if engine.vision is None:
+            raise ApiError(400, f"{where}.{MULTIMODAL}: multimodal data provided, but the "
+                                "model does not support multimodal requests (start the server "
+                                "with --mmproj)")
+        files = [images.from_base64(d, f"{where}.{MULTIMODAL}[{i}]") for i, d in enumerate(data)]
+        return images.prompt(engine, text, files, True, where)
     if isinstance(prompt, dict):
         prompt = _object_prompt(prompt, where)
     parts = [prompt] if isinstance(prompt, (str, int)) else prompt
@@ -182,11 +198,8 @@ def _one_prompt(engine: Engine, prompt, where: str) -> list[int]:
 
 
 def _object_prompt(prompt: dict, where: str) -> str:
-    """{"prompt_string": text} or {"content": [{"type": "text", "text": ...}, ...]}; media
-    parts are refused (no multimodal projector here)."""
-    if prompt.get(MULTIMODAL):
-        raise ApiError(400, f"{where}.{MULTIMODAL}: this server has no multimodal projector; "
-                            "send text or token ids")
+    """{"prompt_string": text} or {"content": [{"type": "text", "text": ...}, ...]} (the
+    content form's media parts are refused: images go in multimodal_data)."""
     if PROMPT_STRING not in prompt and "content" in prompt:
         parts = prompt["content"]
         if not isinstance(parts, list):
@@ -198,8 +211,9 @@ def _object_prompt(prompt: dict, where: str) -> str:
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             elif kind in ("image_url", "input_audio", "input_video", "image", "audio"):
-                raise ApiError(400, f"{where}.content[{i}]: a {kind} part, but this server "
-                                    "has no multimodal projector; send text")
+                raise ApiError(400, f"{where}.content[{i}]: a {kind} part; a prompt object's "
+                                    f"images go in '{MULTIMODAL}' (base64), each marked in "
+                                    f"'{PROMPT_STRING}' by the media marker (GET /props)")
             else:
                 raise ApiError(400, f"{where}.content[{i}]: expected a text part "
                                     "({\"type\": \"text\", \"text\": string})")
@@ -259,7 +273,29 @@ def chat_text(engine: Engine, body: ChatBody, reasoning: str = "auto") -> str:
     return text
 
 
-def chat_ids(engine: Engine, body: ChatBody, reasoning: str = "auto") -> list[int]:
+def chat_ids(engine: Engine, body: ChatBody, reasoning: str = "auto",
+             media_path: str | None = None) -> list[int]:
+    """The rendered messages' token ids; with image parts, their images' positions where the
+    parts were (images.prompt), files read under media_path (--media-path)."""
+    parts = [(i, j, p) for i, m in enumerate(body.messages)
+             for j, p in enumerate(m.content if isinstance(m.content, list) else [])
+             if isinstance(p, MediaPart)]
+    if parts:
+        from . import images
+
+        files = []
+        for i, j, p in parts:
+            where = f"messages[{i}].content[{j}]"
+            kind = "image" if p.type == "image_url" else p.type.split("_")[-1].replace(
+                "url", "video")
+            if p.type != "image_url":
+                raise ApiError(400, f"{where}: {kind} input is not supported - hint: if this "
+                                    "is unexpected, you may need to provide the mmproj")
+            if engine.vision is None:
+                raise ApiError(400, f"{where}: {images.NO_VISION}")
+            files.append(images.load(p.url, media_path, where))
+        return images.prompt(engine, chat_text(engine, body, reasoning), files, False,
+                             "messages")
     ids = engine.tok.encode(chat_text(engine, body, reasoning), add_special=False,
                             parse_special=True)
     if not ids:
@@ -269,12 +305,13 @@ def chat_ids(engine: Engine, body: ChatBody, reasoning: str = "auto") -> list[in
 
 def check_prompt(engine: Engine, ids: list[int]) -> None:
     ctx, vocab = engine.cfg.ctx_size, engine.target.args.vocab_size
+    media = getattr(ids, "media", None)  # an image's positions have negative ids (media.py)
     if len(ids) >= ctx:
         raise ApiError(400, f"the prompt has {len(ids)} tokens but the context holds {ctx} "
                             "per slot; shorten the prompt or start the server with a larger "
                             "--ctx-size", "exceed_context_size_error",
                        n_prompt_tokens=len(ids), n_ctx=ctx)
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    bad = next((t for t in ids if not (0 <= t < vocab or (media and t < 0))), None)
     if bad is not None:
         raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})")
 
@@ -299,6 +336,7 @@ def build_request(engine: Engine, body: SamplingFields, ids: list[int], n_predic
     defaults = SamplingParams() if defaults is None else defaults
     g, bias = constraints_of(engine, body) if constraints is None else constraints
     return Request(ids, sampling_of(body, n_predict, defaults), spec_of(body, engine),
+                   media=list(getattr(ids, "media", [])),
                    cache_prompt=body.cache_prompt, id_slot=body.id_slot, n_probs=n_probs,
                    post_sampling=post_sampling, grammar=g, logit_bias=bias,
                    n_keep=body.n_keep, n_discard=body.n_discard)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..config import SamplingParams
+from ..media import marker
 
 _S = SamplingParams()  # the defaults, defined once in config.py
 
@@ -131,9 +132,30 @@ class TextPart(_Body):
     text: str
 
 
+class MediaPart(_Body):
+    """An OpenAI content part carrying media: image_url {"url"} (data:, file://, http(s) or
+    base64), input_audio, input_video / video_url. In the rendered text it is the media marker
+    (images.marker()), where the image's positions go."""
+
+    type: Literal["image_url", "input_audio", "input_video", "video_url"]
+    image_url: dict[str, Any] | None = None
+    input_audio: dict[str, Any] | None = None
+    input_video: dict[str, Any] | None = None
+    video_url: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return marker()
+
+    @property
+    def url(self) -> Any:
+        part = getattr(self, self.type) or {}
+        return part.get("url", part.get("data"))
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (OpenAI's shape)
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
@@ -142,6 +164,10 @@ class Message(_Body):
         if isinstance(self.content, list):
             return joiner.join(p.text for p in self.content)
         return self.content or ""
+
+    def media(self) -> list[MediaPart]:
+        return [p for p in self.content if isinstance(p, MediaPart)] \
+            if isinstance(self.content, list) else []
 
 
 class ChatBody(SamplingFields):

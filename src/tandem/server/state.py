@@ -36,6 +36,8 @@ class ServerSettings:
     pooling: str = "last"  # --pooling: how an embedding pools the hidden states
     cors_origins: list[str] = field(default_factory=lambda: ["*"])  # --cors-origins
     slot_save_path: str | None = None  # --slot-save-path: where slot files go
+    mmproj: str | None = None  # --mmproj: the target's image encoder (models/vision.py)
+    media_path: str | None = None  # --media-path: where file:// images are read from
     chat_template: str | None = None  # --chat-template(-file): replaces the model's
     reasoning: str = "auto"  # --reasoning: on | off | auto (the template's own default)
     verbose: bool = False  # -v: answers carry "__verbose" (the prompt and the raw result)
