@@ -300,3 +300,24 @@ def test_the_suffix_pool_is_counted_where_speculation_searches_it():
     assert big.pool == 1_000_000 * POOL_BYTES_PER_TOKEN
     assert big.total == bare.total + big.pool
     assert "suffix pool of earlier answers, when full" in big.format()
+
+
+def test_the_plan_counts_an_image_encoder(tmp_path):
+    """--mmproj: the projector's weights held in float32 (every tensor of the file) and one
+    image's activations are a row of the plan, which the server checks before loading."""
+    from tandem.check import memory_plan
+    from tandem.config import EngineConfig, SpecConfig
+    from tests import tiny, tiny_vision
+
+    m = tiny_vision.hf_model(seed=1)
+    mmproj = tiny_vision.write_mmproj(m, tmp_path / "mmproj.gguf")
+    text = tiny.write_gguf(tiny.hf_model("gemma3", seed=1), tmp_path / "text.gguf", "gemma3")
+    without = memory_plan(EngineConfig(ctx_size=64), SpecConfig(types=["none"]), str(text), None)
+    plan = memory_plan(EngineConfig(ctx_size=64), SpecConfig(types=["none"]), str(text), None,
+                       mmproj=str(mmproj))
+    row = plan.rows[-1]
+    params = sum(p.numel() for n, p in m.named_parameters()
+                 if "vision_tower" in n or "multi_modal_projector" in n)
+    assert (row.role, row.weights, row.kv_cache) == ("mmproj", 4 * params, 0)
+    assert row.working > 0 and plan.total == without.total + row.total
+    assert "mmproj weights held as dense float32" in plan.format()

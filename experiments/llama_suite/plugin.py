@@ -14,9 +14,13 @@ def _local_images():
     """The hub's test images -> bytes of local stand-ins (two different images: run.sh writes
     the mirrored copy with Tandem's Pillow; this venv has none)."""
     mtmd = os.path.join(os.getcwd(), "..", "..", "mtmd")
-    cat = open(os.path.join(mtmd, "test-1.jpeg"), "rb").read()
-    truck = open(os.path.join(os.getcwd(), "tmp", "stand-in-truck.png"), "rb").read()
-    return {"91_cat.png": cat, "11_truck.png": truck}
+    paths = {"91_cat.png": os.path.join(mtmd, "test-1.jpeg"),
+             "11_truck.png": os.path.join(os.getcwd(), "tmp", "stand-in-truck.png")}
+    out = {}
+    for name, path in paths.items():
+        with open(path, "rb") as f:
+            out[name] = f.read()
+    return out
 
 
 def pytest_configure(config):

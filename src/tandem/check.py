@@ -16,7 +16,7 @@ from pathlib import Path
 from . import flags
 from .config import EngineConfig, SpecConfig
 from .errors import ModelFileError
-from .memory import MemoryPlan, ModelSpec, fmt_bytes, plan
+from .memory import MemoryPlan, ModelSpec, PlanRow, fmt_bytes, plan
 from .models.args import ModelArgs
 from .speculative.compat import CompatResult, check_compatible
 
@@ -62,14 +62,22 @@ def run(a: argparse.Namespace) -> int:
 
 
 def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: str | None,
-                embeddings: bool = False) -> MemoryPlan:
+                embeddings: bool = False, mmproj: str | None = None) -> MemoryPlan:
     """The plan for a target (and a draft where `spec` uses it), read without loading;
-    embeddings: the server's --embedding / --reranking (memory.plan)."""
+    embeddings: the server's --embedding / --reranking (memory.plan); mmproj: the target's
+    image encoder (--mmproj), held in float32 with one image's activations."""
     models = [inspect_model("target", model).spec]
     if spec.uses_draft:
         models.append(inspect_model("draft", model_draft).spec)
-    return plan(models, cfg, spec.spare_positions, embeddings=embeddings,
-                pool_tokens=_pool_tokens(spec))
+    out = plan(models, cfg, spec.spare_positions, embeddings=embeddings,
+               pool_tokens=_pool_tokens(spec))
+    if mmproj is not None:
+        from .models.vision import mmproj_memory
+
+        weights, working = mmproj_memory(mmproj)
+        out.rows.append(PlanRow("mmproj", Path(mmproj).name, "dense float32", weights, 0,
+                                working, ("-", "-")))
+    return out
 
 
 def _pool_tokens(spec: SpecConfig) -> int:

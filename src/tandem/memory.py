@@ -144,8 +144,9 @@ class MemoryPlan:
             lines.append(f"{label:<40} {fmt_bytes(r.weights):>10} {fmt_bytes(r.kv_cache):>10} "
                          f"{fmt_bytes(r.working):>10} {fmt_bytes(r.total):>10}")
         for r in self.rows:
-            lines.append(f"  {r.role} weights held as {r.held_as}; KV cache keys "
-                         f"{r.kv_types[0]}, values {r.kv_types[1]}")
+            lines.append(f"  {r.role} weights held as {r.held_as}" + (
+                f"; KV cache keys {r.kv_types[0]}, values {r.kv_types[1]}" if r.kv_cache else
+                " (no KV cache)"))
         if self.runtime:
             lines.append(f"{'PyTorch runtime':<40} {'':>10} {'':>10} {'':>10} "
                          f"{fmt_bytes(self.runtime):>10}")

@@ -150,6 +150,16 @@ def _expected(p: VisionParams) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
+def mmproj_memory(path: str | os.PathLike) -> tuple[int, int]:
+    """(weights, working) bytes a loaded mmproj holds, read without loading: every tensor in
+    float32, and one image's activations (every patch's residual, attention and MLP rows)."""
+    g = GGUFFile(path)
+    p = _params(g)
+    weights = 4 * sum(int(math.prod(t.shape)) for t in g.tensors.values())
+    patches = (p.image_size // p.patch_size) ** 2
+    return weights, 4 * patches * (6 * p.dim + 2 * p.ffn_dim)
+
+
 def load_mmproj(path: str | os.PathLike) -> Gemma3Vision:
     """A Gemma 3 mmproj GGUF checked (keys, projector type, every tensor's shape) and
     dequantized to float32 (a real Gemma 3 tower: ~0.4 B parameters, ~1.7 GB)."""

@@ -445,7 +445,8 @@ def _load_models(state) -> None:
     spec, cfg = s.spec, s.engine
     log.info("spec type: %s; target: %s; draft: %s", ",".join(spec.types), s.model,
              s.model_draft or "none")
-    mem = memory_plan(cfg, spec, s.model, s.model_draft, embeddings=s.embeddings)
+    mem = memory_plan(cfg, spec, s.model, s.model_draft, embeddings=s.embeddings,
+                      mmproj=s.mmproj)
     for line in mem.format().splitlines():
         log.info("%s", line)
     if not mem.fits:
