@@ -39,7 +39,8 @@ WHY = {
     "test_infill_with_input_extra": MODEL, "test_infill_without_input_extra": MODEL,
     "test_slot_save_restore": MODEL + " (its text and token counts)",
     "test_slot_erase": MODEL, "test_slot_restore_legacy_token_list":
-        "llama.cpp's own state-file format (Tandem's slot files are its own)",
+        MODEL + " (n_saved 84, stories' token count; it would then rewrite llama.cpp's own "
+        "state-file bytes)",
     "test_multi_requests_parallel": MODEL, "test_tokenize_with_bos": MODEL,
     "test_chat_template": MODEL + " (stories' BOS '<s> ' before the llama3 template)",
     "test_load_split_model": MODEL + " (and split GGUF files are not read)",
