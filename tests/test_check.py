@@ -98,6 +98,23 @@ def test_draft_spec_type_without_draft_exits_2(models, capsys):
 
 
 @pytest.mark.real
+def test_an_image_projector_is_checked_against_the_target(models, tmp_path, capsys):
+    """--mmproj: read whole, its width checked against the target's (refused by name, exit 2),
+    and counted in the plan."""
+    from . import tiny_vision
+
+    mmproj = tiny_vision.write_mmproj(tiny_vision.hf_model(seed=1), tmp_path / "mmproj.gguf")
+    gemma = tiny.write_gguf(tiny.hf_model("gemma3", seed=1), tmp_path / "gemma.gguf", "gemma3")
+    code, out, _ = _check(capsys, "-m", gemma, "-c", 256, "--mmproj", mmproj)
+    assert code == 0 and "64 tokens each, 64-wide" in out
+    assert "mmproj mmproj.gguf" in out and out.rstrip().endswith("verdict: can run")
+    wide = tiny.write_gguf(tiny.hf_model("qwen2", seed=1, hidden_size=96), tmp_path / "w.gguf",
+                           "qwen2")
+    code, _, err = _check(capsys, "-m", wide, "--mmproj", mmproj)
+    assert code == 2 and "projects images to 64-wide embeddings" in err
+    assert "embedding_length 96" in err
+
+
 def test_real_default_pair(capsys):
     code, out, _ = _check(capsys, "-m", "default", "-md", "default-draft")
     assert code == 0, out

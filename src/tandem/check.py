@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `tandem check` (spelled as for serve and generate)."""
     flags.add_model_args(parser, parallel=True)
     flags.add_spec_args(parser)
+    parser.add_argument("--mmproj", "-mm", default=None, metavar="FILE",
+                        help="the target's multimodal projector (as for serve): checked "
+                             "against the target and counted in the memory plan")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -55,8 +58,18 @@ def run(a: argparse.Namespace) -> int:
                   f"context of {m.args.max_seq_len} tokens; quality degrades beyond it")
     compat = None if draft is None else check_compatible(target.tokenizer, draft.tokenizer)
     print(_compat_line(compat))
+    if a.mmproj is not None:  # the whole file checked, and its width against the target's
+        from .models.vision import load_mmproj
+
+        vision = load_mmproj(a.mmproj)
+        vision.check_text_model(target.args, target.path)
+        print(f"mmproj: {vision.path} (Gemma 3 projector, {vision.image_size} x "
+              f"{vision.image_size} images, {vision.tokens_per_image} tokens each, "
+              f"{vision.text_dim}-wide)")
     mem = plan([m.spec for m in (target, draft) if m is not None], cfg, spec.spare_positions,
                pool_tokens=_pool_tokens(spec))
+    if a.mmproj is not None:
+        mem.rows.append(_mmproj_row(a.mmproj))
     print(mem.format())
     return _verdict(compat, mem)
 
@@ -72,12 +85,16 @@ def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: st
     out = plan(models, cfg, spec.spare_positions, embeddings=embeddings,
                pool_tokens=_pool_tokens(spec))
     if mmproj is not None:
-        from .models.vision import mmproj_memory
-
-        weights, working = mmproj_memory(mmproj)
-        out.rows.append(PlanRow("mmproj", Path(mmproj).name, "dense float32", weights, 0,
-                                working, ("-", "-")))
+        out.rows.append(_mmproj_row(mmproj))
     return out
+
+
+def _mmproj_row(path: str) -> PlanRow:
+    """The projector's row of the plan: its tensors in float32, one image's activations."""
+    from .models.vision import mmproj_memory
+
+    weights, working = mmproj_memory(path)
+    return PlanRow("mmproj", Path(path).name, "dense float32", weights, 0, working, ("-", "-"))
 
 
 def _pool_tokens(spec: SpecConfig) -> int:
