@@ -146,21 +146,24 @@ def test_every_build_gives_the_avx2_bits(kernel_build, qtype):
     """The AVX-512 kernels (512-bit integer sums folded to the AVX2 lanes before any float
     step) give the AVX2 kernels' results bit for bit: every type, both roundings, the
     row-by-row kernels (1, 2, 9, 10, 11 rows) and the prompt kernel (37 rows), 1 and 2
-    threads. The SIMDe build runs the same AVX-512 source, emulated, on any x86-64."""
+    threads. The SIMDe build runs the same AVX-512 source, emulated, on any x86-64. The
+    32-weight types also at an odd number of blocks per row (73): the AVX-512 code takes
+    their blocks in pairs, and the last one alone."""
     build = kernel_build
-    n, k = 42, 2304
-    raw = _tensor(qtype, n, k, seed=7)
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(3)) * 2
-    x[:, 11] *= 30
-    bias = torch.randn(n, generator=torch.Generator().manual_seed(4))
-    for bits in (16, 8):
-        for rows in (1, 2, 9, 10, 11, 37):
-            for t in (1, 2):
-                want = kernels.matmul(qtype.name, raw.data, n, k, x[:rows], bias, bits=bits,
-                                      threads=t, build="avx2")
-                got = kernels.matmul(qtype.name, raw.data, n, k, x[:rows], bias, bits=bits,
-                                     threads=t, build=build)
-                assert torch.equal(got, want), (bits, rows, t)
+    n = 42
+    for k in (2304, 2336) if qtype in SIMPLE else (2304,):
+        raw = _tensor(qtype, n, k, seed=7)
+        x = torch.randn(37, k, generator=torch.Generator().manual_seed(3)) * 2
+        x[:, 11] *= 30
+        bias = torch.randn(n, generator=torch.Generator().manual_seed(4))
+        for bits in (16, 8):
+            for rows in (1, 2, 9, 10, 11, 37):
+                for t in (1, 2):
+                    want = kernels.matmul(qtype.name, raw.data, n, k, x[:rows], bias,
+                                          bits=bits, threads=t, build="avx2")
+                    got = kernels.matmul(qtype.name, raw.data, n, k, x[:rows], bias,
+                                         bits=bits, threads=t, build=build)
+                    assert torch.equal(got, want), (k, bits, rows, t)
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q4_0, QT.Q4_1])
@@ -302,9 +305,11 @@ def test_kernel_build_is_chosen_by_the_config():
     assert out.returncode != 0 and "'avx1024' (TANDEM_KERNEL_BUILD) is not one of avx2" in out.stderr
 
 
-# ---- Q4_K and Q6_K in 16-row groups (rowdotx.c) --------------------------------------------
+# ---- Q4_K, Q6_K, Q4_0 and Q5_0 in 16-row groups (rowdotx.c) ------------------------------
 
-REPACKED = [QT.Q4_K, QT.Q6_K]
+REPACKED = [QT.Q4_K, QT.Q6_K, QT.Q4_0, QT.Q5_0]
+# (qtype, ablock): the K-quants' groups also take activation blocks finer than their 256
+REPACKED_ABLOCKS = [(q, a) for q in REPACKED for a in ((0, 32, 64, 128) if q in K_QUANTS else (0,))]
 
 
 def _rounded8(x: torch.Tensor, block: int = 256) -> torch.Tensor:
@@ -317,17 +322,17 @@ def _rounded8(x: torch.Tensor, block: int = 256) -> torch.Tensor:
     return (q.double() * (amax / 127).double()).view(x.shape)
 
 
-@pytest.mark.parametrize("qtype", REPACKED)
+@pytest.mark.parametrize("qtype,ablock", REPACKED_ABLOCKS)
 @pytest.mark.parametrize("m", [1, 5, 10, 11, 37])
-@pytest.mark.parametrize("ablock", [0, 32, 64, 128])
 def test_repacked_is_the_product_of_rounded_activations(qtype, m, ablock):
-    """Int8 Q4_K and Q6_K products read their weights from 16-row groups made on first use
-    (kernels.repack): each row's super-block sums complete in one lane, one float step for 16
-    rows and activation block. The result is still the product of the rounded activations
-    (per 256 values, or per `ablock`: a scale of their own for every 32, 64 or 128, finer steps
-    where a block holds an outlier) with the exact weights, up to float32 summation, with a
-    bias; decode and verification rows (<= 10) and prompt rows alike."""
-    n, k = 80, 2304
+    """Int8 Q4_K, Q6_K, Q4_0 and Q5_0 products read their weights from 16-row groups made on
+    first use (kernels.repack): each row's block sums complete in one lane, one float step for
+    16 rows and activation block. The result is still the product of the rounded activations
+    (per 256 values for the K-quants, 32 for the others, or per `ablock`: a scale of their own
+    for every 32, 64 or 128, finer steps where a block holds an outlier) with the exact
+    weights, up to float32 summation, with a bias; decode and verification rows (<= 10) and
+    prompt rows alike. K = 2336 for the 32-weight types: an odd number of blocks."""
+    n, k = 80, 2304 if qtype in K_QUANTS else 2336
     raw = _tensor(qtype, n, k, seed=m)
     kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
     assert kind == f"{qtype.name}x16" and packed.shape == raw.data.shape
@@ -335,7 +340,7 @@ def test_repacked_is_the_product_of_rounded_activations(qtype, m, ablock):
     x[:, 9] *= 30
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1))
     w = torch.from_numpy(gguf_quants.dequantize(raw.data, qtype).reshape(n, k)).double()
-    rounded = _rounded8(x, ablock or 256)
+    rounded = _rounded8(x, ablock or (256 if qtype in K_QUANTS else 32))
     want = rounded @ w.T + bias.double()
     got = kernels.matmul(kind, packed, n, k, x, bias, bits=8, ablock=ablock, threads=2).double()
     assert (got - want).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
@@ -352,15 +357,14 @@ def test_repacked_is_the_product_of_rounded_activations(qtype, m, ablock):
     assert (got - plain).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
 
 
-@pytest.mark.parametrize("qtype", REPACKED)
-@pytest.mark.parametrize("ablock", [0, 32, 64, 128])
+@pytest.mark.parametrize("qtype,ablock", REPACKED_ABLOCKS)
 def test_repacked_rows_are_batch_invariant_in_every_build(kernel_build, qtype, ablock):
     """Row i of any product of the 16-row groups equals its 1-row product bit for bit, for 1 to
     10 rows and more, 1 to 3 threads (chunks of 32 weight rows handed out as threads come
     free: the last 16 rows alone), row-by-row counts and prompt counts, whatever the
     activation block; and the AVX2 build (maddubs, madd) gives the AVX-512 build's (vpdpbusd,
     vpdpwssd) integers and float steps: the same bits."""
-    n, k, m = 80, 1536, 23
+    n, k, m = 80, 1536 if qtype in K_QUANTS else 1568, 23
     raw = _tensor(qtype, n, k, seed=3)
     kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4)) * 3
@@ -395,12 +399,18 @@ def test_any_rows_repacked_give_those_rows_bits(qtype):
 
 
 def test_repack_takes_what_its_kernels_compute():
-    """Only int8 Q4_K / Q6_K products are repacked (a partial group padded with zero rows); the
-    kernels refuse int16 activations for the repacked types (they exist for int8 only),
-    naming the call."""
+    """Only int8 Q4_K / Q6_K / Q4_0 / Q5_0 products are repacked (a partial group padded with
+    zero rows); the kernels refuse int16 activations for the repacked types (they exist for
+    int8 only), naming the call, and finer activation blocks than 32 for Q4_0 / Q5_0's."""
     raw = _tensor(QT.Q4_K, 48, 512)
     assert kernels.repack("Q4_K", raw.data, 48, 512, 16) is None
-    assert kernels.repack("Q5_K", _tensor(QT.Q5_K, 48, 512).data, 48, 512, 8) is None
+    assert kernels.repack("Q5_0", _tensor(QT.Q5_0, 48, 512).data, 48, 512, 16) is None
+    for other in (QT.Q5_K, QT.Q8_0, QT.Q4_1, QT.Q5_1):
+        assert kernels.repack(other.name, _tensor(other, 48, 512).data, 48, 512, 8) is None
+    kind5, packed5 = kernels.repack("Q5_0", _tensor(QT.Q5_0, 40, 96).data, 40, 96, 8)
+    assert kind5 == "Q5_0x16" and packed5.shape == (48, 3 * 22)
+    with pytest.raises(TandemError, match="activation blocks of 64 values"):
+        kernels.matmul(kind5, packed5, 48, 96, torch.randn(2, 96), bits=8, ablock=64)
     kind, odd = kernels.repack("Q4_K", _tensor(QT.Q4_K, 40, 512).data, 40, 512, 8)
     assert odd.shape == (48, 2 * 144)  # 40 rows and 8 zero rows in whole groups
     kind, packed = kernels.repack("Q4_K", raw.data, 48, 512, 8)
@@ -419,12 +429,12 @@ def test_repack_takes_what_its_kernels_compute():
 def test_fine_activation_blocks_where_the_kernels_have_them():
     """A linear asked for int8 blocks of 64 (the down projection under --activations
     int8-down64) gets them where its weights are repacked (Q4_K, Q6_K); a type whose own block
-    is no larger (Q8_0: 32) keeps int8 at its block; one with larger blocks and no grouped
-    kernel (Q5_K) rounds to int16 instead, never coarser than asked."""
+    is no larger (Q8_0, and Q5_0 in its groups: 32) keeps int8 at its block; one with larger
+    blocks and no grouped kernel (Q5_K) rounds to int16 instead, never coarser than asked."""
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
     x[:, 5] *= 40
     for qtype, want in ((QT.Q4_K, (8, 64)), (QT.Q6_K, (8, 64)), (QT.Q8_0, (8, 0)),
-                        (QT.Q5_K, (16, 0))):
+                        (QT.Q5_0, (8, 0)), (QT.Q5_K, (16, 0))):
         raw = _tensor(qtype, 32, 512, seed=1)
         lin = GGUFLinear(raw, bits=8, act_block=64)
         assert lin.rounding() == want, qtype

@@ -199,6 +199,7 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     lib.tq_matmul.restype = c_int
     for fn in (lib.tq_repack_q4kx, lib.tq_repack_q6kx):
         fn.argtypes, fn.restype = [ptr, i64, i64, ptr], c_int
+    lib.tq_repack_q50x.argtypes, lib.tq_repack_q50x.restype = [ptr, i64, i64, ptr, c_int], c_int
     lib.tq_dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
     lib.tq_dequantize.restype = c_int
     lib.tq_block_bytes.argtypes = [c_int]
@@ -277,10 +278,13 @@ def _threads(n: int) -> int:
     return min(n, _thread_cap) if _thread_cap else n
 
 
-# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K and Q6_K in
-# groups of 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
-REPACKED_TYPES = {"Q4_Kx16": 112, "Q6_Kx16": 114}
-REPACK_FROM = {"Q4_K": "Q4_Kx16", "Q6_K": "Q6_Kx16"}
+# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K, Q6_K, Q4_0
+# and Q5_0 in groups of 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
+REPACKED_TYPES = {"Q4_Kx16": 112, "Q6_Kx16": 114, "Q4_0x16": 102, "Q5_0x16": 106}
+REPACK_FROM = {"Q4_K": "Q4_Kx16", "Q6_K": "Q6_Kx16", "Q4_0": "Q4_0x16", "Q5_0": "Q5_0x16"}
+# values per weight block of the repacked types (activation blocks finer than 256 only for
+# the K-quants': the 32-weight types' activations already have a scale per 32)
+REPACKED_BLOCK = {"Q4_Kx16": 256, "Q6_Kx16": 256, "Q4_0x16": 32, "Q5_0x16": 32}
 # values per int8 activation block that the 16-row group types also take (tq_matmul_check)
 ACT_BLOCKS = (32, 64, 128)
 
@@ -288,11 +292,12 @@ ACT_BLOCKS = (32, 64, 128)
 def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
     """(type, blocks) of the kernels' faster layout for a linear of GGUF blocks whose activations
     are rounded to `bits`, or None where it has none (then the GGUF blocks are used in place).
-    Q4_K and Q6_K with int8 activations: rowdotx.c's 16-row groups (a copy of the same size:
-    the file's pages are then no longer read); N not a multiple of 16 gets zero rows after its
-    own (the caller keeps the first N outputs). A row's result does not depend on the rows
-    grouped with it, so any subset of a matrix's rows repacked gives those rows' bits."""
-    if type_name not in REPACK_FROM or bits != 8 or k % 256:
+    Q4_K, Q6_K, Q4_0 and Q5_0 with int8 activations: rowdotx.c's 16-row groups (a copy of the
+    same size: the file's pages are then no longer read); N not a multiple of 16 gets zero
+    rows after its own (the caller keeps the first N outputs). A row's result does not depend
+    on the rows grouped with it, so any subset of a matrix's rows repacked gives those rows'
+    bits."""
+    if type_name not in REPACK_FROM or bits != 8 or k % REPACKED_BLOCK[REPACK_FROM[type_name]]:
         return None
     lib = _lib_or_raise()
     src = np.ascontiguousarray(blocks)
@@ -300,8 +305,12 @@ def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tup
         src = np.concatenate([src, np.zeros((16 - n % 16, src.shape[1]), np.uint8)])
         n = len(src)
     out = np.empty_like(src)
-    fn = lib.tq_repack_q4kx if type_name == "Q4_K" else lib.tq_repack_q6kx
-    if fn(src.ctypes.data, n, k, out.ctypes.data) != 0:
+    if type_name in ("Q4_0", "Q5_0"):
+        rc = lib.tq_repack_q50x(src.ctypes.data, n, k, out.ctypes.data, int(type_name == "Q5_0"))
+    else:
+        fn = lib.tq_repack_q4kx if type_name == "Q4_K" else lib.tq_repack_q6kx
+        rc = fn(src.ctypes.data, n, k, out.ctypes.data)
+    if rc != 0:
         raise TandemError(f"repacking {type_name} (N={n}, K={k}) failed")
     return REPACK_FROM[type_name], out
 
@@ -319,7 +328,7 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     bits: how the kernel quantizes the activations per block, 16 (default; error <= 1/32766
     of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster). ablock: values
     per activation block, 0 (the weights' block: 256 for K-quants, else 32) or, for int8 and
-    the 16-row group types (REPACKED_TYPES), 32, 64 or 128 (finer steps). threads: the
+    the K-quants' 16-row group types (REPACKED_BLOCK 256), 32, 64 or 128 (finer steps). threads: the
     OpenMP threads to run on. prompt_rows: see PROMPT_ROWS (1 << 62: the row-by-row kernel for
     every product). build: a VARIANTS name (default: this CPU's, `variant()`). The result does
     not depend on threads, prompt_rows, the build or the other rows.
@@ -329,9 +338,11 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.float().contiguous()
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    if ablock and (type_name not in REPACKED_TYPES or bits != 8 or ablock not in ACT_BLOCKS):
+    if ablock and (REPACKED_BLOCK.get(type_name) != 256 or bits != 8
+                   or ablock not in ACT_BLOCKS):
+        fine = [t for t, b in REPACKED_BLOCK.items() if b == 256]
         raise TandemError(f"activation blocks of {ablock} values: only int8 products of "
-                          f"{', '.join(REPACKED_TYPES)} take {', '.join(map(str, ACT_BLOCKS))} "
+                          f"{', '.join(fine)} take {', '.join(map(str, ACT_BLOCKS))} "
                           f"(got {type_name}, int{bits})")
     rc = lib.tq_matmul(type_id(type_name), blocks.ctypes.data, n, k, rows.data_ptr(),
                        rows.shape[0], y.data_ptr(), None if bias is None else bias.data_ptr(),

@@ -95,9 +95,11 @@ static inline __m256i fold512(__m512i s) {
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,  /* ggml type ids */
-       /* Q4_K and Q6_K in 16-row groups (rowdotx.c), int8 activations only */
-       T_Q4_KX = 112, T_Q6_KX = 114 };
-static inline int type_x(int64_t type) { return type == T_Q4_KX || type == T_Q6_KX; }
+       /* Q4_K, Q6_K, Q4_0 and Q5_0 in 16-row groups (rowdotx.c), int8 activations only */
+       T_Q4_KX = 112, T_Q6_KX = 114, T_Q4_0X = 102, T_Q5_0X = 106 };
+static inline int type_x(int64_t type) {
+    return type == T_Q4_KX || type == T_Q6_KX || type == T_Q4_0X || type == T_Q5_0X;
+}
 
 /* The row-by-row loops prefetch the weight bytes PF_BYTES ahead of the row they compute.
  * Decoding streams every weight from memory once, and with the hardware prefetcher alone each
@@ -139,6 +141,8 @@ static inline int64_t block_bytes(int type) {
     case T_Q8_0: return 34;
     case T_Q4_K: return 144;
     case T_Q4_KX: return 144; /* per row; a 16-row group's super-block is 16 x 144 bytes */
+    case T_Q4_0X: return 18;
+    case T_Q5_0X: return 22;
     case T_Q6_KX: return 210;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
@@ -146,7 +150,9 @@ static inline int64_t block_bytes(int type) {
     return 0;
 }
 
-static inline int64_t block_weights(int type) { return type >= T_Q4_K ? 256 : 32; }
+static inline int64_t block_weights(int type) {
+    return type >= T_Q4_K && type != T_Q4_0X && type != T_Q5_0X ? 256 : 32;
+}
 
 /* acc[m] + offv[m], summed across lanes, + off[m]: the end of every row's dot product */
 static inline void finish_rows(const __m256 *acc, const __m256 *offv, const float *off, int mr,
@@ -403,7 +409,7 @@ extern TQ_HIDDEN void (*const ROW_DOTS[MR + 1])(int, const uint8_t *, int64_t, i
 extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
                                                  const acts8_t *, float *, int64_t, const float *);
 
-/* rowdotx.c: weight rows [n0, n1) of a T_Q4_KX / T_Q6_KX tensor (multiples of 16) against M
+/* rowdotx.c: weight rows [n0, n1) of a 16-row group tensor (type_x; multiples of 16) against M
  * int8 activation rows (quantize_row8 per ablock = 64, 128 or 256 values, pairs 0): y = dot +
  * bias, the same bits in every build */
 TQ_HIDDEN void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,

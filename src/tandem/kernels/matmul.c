@@ -33,7 +33,8 @@ void tq_scratch_free(tq_scratch *s) {
 int tq_matmul_check(int type, int64_t K, int bits, int ablock) {
     return block_bytes(type) != 0 && K % block_weights(type) == 0 &&
            (bits == 8 || (bits == 16 && !type_x(type))) &&
-           (ablock == 0 || (type_x(type) && bits == 8 && (ablock == 32 || ablock == 64 || ablock == 128)));
+           (ablock == 0 || (type_x(type) && block_weights(type) == 256 && bits == 8 &&
+                            (ablock == 32 || ablock == 64 || ablock == 128)));
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */

@@ -4,6 +4,7 @@
  * _mm256_maddubs_epi16 (32 per instruction, no int16 widening of the weights), at llama.cpp's
  * precision (|x - x~| <= d / 2). Opt-in: --activations int8 (the draft's default). */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -32,7 +33,7 @@ static inline __m256i nibbles32(const uint8_t *qs) { /* 16 bytes -> 32 x u8: lo 
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);                \
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                                    \
                                      _mm256_set1_ps((wscale) * A->s[m * A->G + (g)]), acc[m]); \
-            off[m] += (woff) * A->sum[m * A->G + (g)];                                         \
+            off[m] = fmaf((woff), A->sum[m * A->G + (g)], off[m]);                             \
         }                                                                                     \
     } while (0)
 
@@ -72,7 +73,47 @@ static inline __attribute__((always_inline)) void row_dot8(int type, const uint8
     case T_Q5_1: {
         const int hasm = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
         const int64_t bs = block_bytes(type);
-        for (int64_t g = 0; g < G; g++, w += bs) {
+        int64_t g = 0;
+#if TQ_AVX512
+        /* two blocks (64 weights) per 512-bit vector: one vpdpbusd per activation row gives
+         * both blocks' eight int32 lanes, the integers maddubs + madd give in the AVX2 code
+         * (each lane the sum of four products, < 2^15); the float steps stay 256-bit and in
+         * block order (block g's fma, then g + 1's), so every bit is the AVX2 code's. The
+         * fifth bits are one 64-bit byte mask (bit j of qh is weight j, byte j here). */
+        const __m512i m4z = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(0x10);
+        /* 128-bit lanes (block 0's bytes, again, block 1's, again) shifted by 0, 4, 0, 4 */
+        const __m512i shz = _mm512_broadcast_i64x4(
+            _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_set1_epi16(4), 1));
+        const int qo = 2 + 2 * hasm + 4 * five;
+        for (; g + 1 < G; g += 2, w += 2 * bs) {
+            const uint8_t *w1 = w + bs;
+            const float d0 = f16(w), d1 = f16(w1);
+            const float o0 = hasm ? f16(w + 2) : (five ? -16.f * d0 : -8.f * d0);
+            const float o1 = hasm ? f16(w1 + 2) : (five ? -16.f * d1 : -8.f * d1);
+            const __m512i b = _mm512_castsi256_si512(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + qo))),
+                _mm_loadu_si128((const __m128i *)(w1 + qo)), 1));
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i32x4(b, b, 0x50), shz),
+                                         m4z);
+            if (five) {
+                uint32_t h0, h1;
+                memcpy(&h0, w + 2 + 2 * hasm, 4);
+                memcpy(&h1, w1 + 2 + 2 * hasm, 4);
+                q = _mm512_mask_add_epi8(q, (__mmask64)h0 | (__mmask64)h1 << 32, q, c16);
+            }
+            for (int m = 0; m < mr; m++) {
+                const __m512i p = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), q, _mm512_loadu_si512((const void *)(A->q + m * K + 32 * g)));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(p)),
+                                         _mm256_set1_ps(d0 * A->s[m * G + g]), acc[m]);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(p, 1)),
+                                         _mm256_set1_ps(d1 * A->s[m * G + g + 1]), acc[m]);
+                off[m] = fmaf(o0, A->sum[m * G + g], off[m]);
+                off[m] = fmaf(o1, A->sum[m * G + g + 1], off[m]);
+            }
+        }
+#endif
+        for (; g < G; g++, w += bs) {
             const float d = f16(w);
             const float woff = hasm ? f16(w + 2) : (five ? -16.f * d : -8.f * d);
             __m256i q = nibbles32(w + 2 + 2 * hasm + 4 * five);

@@ -130,6 +130,53 @@ int tq_repack_q6kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
     return 0;
 }
 
+/* Q5_0 and Q4_0 in 16-row groups (T_Q5_0X, T_Q4_0X), a group's 32-weight block in 16 x 22
+ * (Q4_0: 16 x 18) bytes:
+ *   [0, 32)     d, f16, rows 0..15
+ *   [32, 288)   the low four bits: vector p (0..3) at 32 + 64p, byte 4r + i:
+ *               q[4p + i] & 15 | (q[16 + 4p + i] & 15) << 4
+ *   [288, 352)  Q5_0 only, the fifth bits: eight 64-bit masks (little-endian), mask 2p + h at
+ *               288 + 8 (2p + h), its bit 4r + i the fifth bit of q[16h + 4p + i] of row r
+ * q unsigned (Q5_0: 0..31, Q4_0: 0..15); the weight is d (q - 16) (Q4_0: d (q - 8)).
+ *
+ * The arithmetic, per weight row r, activation row and block (the same in every build): T =
+ * sum q x8 - 16 (8) sum x8, exact in int32; then y = fma(float(T), d * xs, y) per block in
+ * order, xs the block's activation scale. The GGUF blocks' row-major kernels (rowdot8.c) take
+ * their float steps per lane instead, so the two layouts differ in the last bits; each tensor
+ * is read through one of them (kernels.repack) for every row count. */
+#define XB50(five) ((five) ? 352 : 288)
+
+int tq_repack_q50x(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int five) {
+    if (N % 16 || K % 32 || N <= 0)
+        return -1;
+    const int bs = five ? 22 : 18, xb = XB50(five);
+    const int64_t nb = K / 32, rb = nb * bs;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 16; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = dst + (g * nb + b) * xb;
+            memset(o, 0, xb);
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *blk = src + (16 * g + r) * rb + b * bs, *qs = blk + 2 + 4 * five;
+                uint32_t qh = 0;
+                if (five)
+                    memcpy(&qh, blk + 2, 4);
+                memcpy(o + 2 * r, blk, 2);
+                uint8_t q[32];
+                for (int j = 0; j < 32; j++)
+                    q[j] = (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4) | ((qh >> j) & 1) << 4;
+                for (int p = 0; p < 4; p++)
+                    for (int i = 0; i < 4; i++) {
+                        o[32 + 64 * p + 4 * r + i] = (q[4 * p + i] & 15) | (q[16 + 4 * p + i] & 15) << 4;
+                        for (int h = 0; h < 2 && five; h++)
+                            if (q[16 * h + 4 * p + i] >> 4)
+                                o[288 + 8 * (2 * p + h) + (4 * r + i) / 8] |= 1 << ((4 * r + i) % 8);
+                    }
+            }
+        }
+    return 0;
+}
+
 static inline int32_t load32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -330,6 +377,50 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
     for (int m = 0; m < mr; m++)
         _mm512_storeu_ps(y[m], acc[m]);
 }
+/* One 16-row Q5_0 / Q4_0 group against activation rows [0, mr): per block, the 32 products of
+ * each row in its lane (eight vpdpbusd against the activations' bytes broadcast), less 16 (8)
+ * times the activations' sum, and one float step for the 16 rows */
+static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *w, int64_t nb,
+                                                                 const acts8_t *A, int mr,
+                                                                 float (*y)[16], const int five) {
+    __m512 acc[MR];
+    for (int m = 0; m < mr; m++)
+        acc[m] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15), c16 = _mm512_set1_epi8(16);
+    const int xb = XB50(five), off = five ? 16 : 8;
+    for (int64_t b = 0; b < nb; b++, w += xb) {
+        for (int pf = 0; pf < xb; pf += 64)
+            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        const __m512 d = f16_ps(w);
+        __m512i lo[4], hi[4];
+        for (int p = 0; p < 4; p++) {
+            const __m512i P = _mm512_loadu_si512((const void *)(w + 32 + 64 * p));
+            lo[p] = _mm512_and_si512(P, m4);
+            hi[p] = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
+            if (five) {
+                uint64_t ml, mh;
+                memcpy(&ml, w + 288 + 16 * p, 8);
+                memcpy(&mh, w + 288 + 16 * p + 8, 8);
+                lo[p] = _mm512_mask_add_epi8(lo[p], (__mmask64)ml, lo[p], c16);
+                hi[p] = _mm512_mask_add_epi8(hi[p], (__mmask64)mh, hi[p], c16);
+            }
+        }
+        for (int m = 0; m < mr; m++) {
+            const int8_t *x = A->q + m * A->K + 32 * b;
+            __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(load32(x)));
+            for (int p = 1; p < 4; p++)
+                t = _mm512_dpbusd_epi32(t, lo[p], _mm512_set1_epi32(load32(x + 4 * p)));
+            for (int p = 0; p < 4; p++)
+                t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
+            const int16_t *bs = A->bs + m * (A->K / 16) + 2 * b;
+            t = _mm512_sub_epi32(t, _mm512_set1_epi32(off * ((int32_t)bs[0] + bs[1])));
+            const __m512 xs = _mm512_set1_ps(A->s[m * A->G + b]);
+            acc[m] = _mm512_fmadd_ps(cvt512_ps(t), _mm512_mul_ps(d, xs), acc[m]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        _mm512_storeu_ps(y[m], acc[m]);
+}
 #else
 #include "rowdotx_avx2.h"
 #endif
@@ -359,6 +450,14 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
         group_rows6_p(w, nsb, A, mr, y, 1);
 }
 
+static void group_rows50(const uint8_t *w, int64_t nb, const acts8_t *A, int mr, float (*y)[16],
+                         int five) {
+    if (five)
+        group_rows50_p(w, nb, A, mr, y, 1);
+    else
+        group_rows50_p(w, nb, A, mr, y, 0);
+}
+
 /* Weight rows [n0, n1) (multiples of 16; W the repacked tensor, rb = K / 256 * 144 bytes per
  * row) against the M activation rows of A, rounded per ablock = 32, 64, 128 or 256 values
  * (quantize_row8's qb): y = dot + bias. Activation rows in blocks of MR per pass over a group,
@@ -374,7 +473,9 @@ void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, cons
             const int mr = M - m0 < MR ? (int)(M - m0) : MR;
             acts8_t B = {A->q + m0 * A->K, A->s + m0 * A->G, A->sum + m0 * A->G,
                          A->bs + m0 * (A->K / 16), A->K, A->G};
-            if (type == T_Q6_KX)
+            if (type == T_Q5_0X || type == T_Q4_0X)
+                group_rows50(w, A->K / 32, &B, mr, out, type == T_Q5_0X);
+            else if (type == T_Q6_KX)
                 group_rows6(w, nsb, &B, mr, out, per);
             else
                 group_rows(w, nsb, &B, mr, out, per);

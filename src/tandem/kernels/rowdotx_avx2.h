@@ -235,4 +235,65 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
     }
 }
 
+/* 32 bytes: 0x10 where bit i of `bits` is set (byte i), else 0 */
+static inline __m256i x_bits16(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* One 16-row Q5_0 / Q4_0 group, as the AVX-512 code (rowdotx.c): rows 8h .. 8h + 7 per half,
+ * maddubs (four pairs in int16: |sum| <= 8 * 31 * 127) + madd give each row's lane the same
+ * integers as vpdpbusd, and the float step is the same */
+static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *w, int64_t nb,
+                                                                 const acts8_t *A, int mr,
+                                                                 float (*y)[16], const int five) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < mr; m++)
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const int xb = XB50(five), off = five ? 16 : 8;
+    for (int64_t b = 0; b < nb; b++, w += xb) {
+        for (int pf = 0; pf < xb; pf += 64)
+            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16 * h)));
+            __m256i lo[4], hi[4];
+            for (int p = 0; p < 4; p++) {
+                const __m256i P = _mm256_loadu_si256((const __m256i *)(w + 32 + 64 * p + 32 * h));
+                lo[p] = _mm256_and_si256(P, m4);
+                hi[p] = _mm256_and_si256(_mm256_srli_epi16(P, 4), m4);
+                if (five) {
+                    uint64_t ml, mh;
+                    memcpy(&ml, w + 288 + 16 * p, 8);
+                    memcpy(&mh, w + 288 + 16 * p + 8, 8);
+                    lo[p] = _mm256_or_si256(lo[p], x_bits16((uint32_t)(ml >> 32 * h)));
+                    hi[p] = _mm256_or_si256(hi[p], x_bits16((uint32_t)(mh >> 32 * h)));
+                }
+            }
+            for (int m = 0; m < mr; m++) {
+                const int8_t *x = A->q + m * A->K + 32 * b;
+                __m256i tl = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(load32(x)));
+                __m256i th = _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(load32(x + 16)));
+                for (int p = 1; p < 4; p++) {
+                    tl = _mm256_add_epi16(tl, _mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(load32(x + 4 * p))));
+                    th = _mm256_add_epi16(th, _mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(load32(x + 16 + 4 * p))));
+                }
+                const int16_t *bs = A->bs + m * (A->K / 16) + 2 * b;
+                __m256i t = _mm256_add_epi32(_mm256_madd_epi16(tl, ones), _mm256_madd_epi16(th, ones));
+                t = _mm256_sub_epi32(t, _mm256_set1_epi32(off * ((int32_t)bs[0] + bs[1])));
+                const __m256 xs = _mm256_set1_ps(A->s[m * A->G + b]);
+                acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d, xs), acc[m][h]);
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++) {
+        _mm256_storeu_ps(y[m], acc[m][0]);
+        _mm256_storeu_ps(y[m] + 8, acc[m][1]);
+    }
+}
+
 #endif

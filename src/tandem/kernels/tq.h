@@ -46,6 +46,8 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
  * 0, or -1 for N or K that do not fit */
 int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
 int tq_repack_q6kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst); /* type 114 */
+/* Q5_0 (five = 1) or Q4_0 rows into the 16-row groups of type 106 / 102 (K % 32 == 0) */
+int tq_repack_q50x(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int five);
 int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, int nthreads);
 
 /* ---- whole decoder layers (forward.c); mirrored by _Linear, _Layer, _Model in __init__.py -- */

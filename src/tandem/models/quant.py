@@ -262,7 +262,7 @@ class GGUFLinear(torch.nn.Module):
 
     def kernel_blocks(self) -> tuple[str, np.ndarray]:
         """(type, blocks) the kernels read for this product at self.bits: their own layout where
-        they have one (kernels.repack: int8 Q4_K / Q6_K in 16-row groups, made on first use and
+        they have one (kernels.repack: int8 Q4_K / Q6_K / Q4_0 / Q5_0 in 16-row groups, made on first use and
         shared by the PyTorch layers and the C layers), else the GGUF blocks in place."""
         if self.bits not in self._kernel_blocks:
             self._kernel_blocks[self.bits] = kernels.repack(
@@ -279,7 +279,9 @@ class GGUFLinear(torch.nn.Module):
         if self.bits != 8 or not self.act_block:
             return self.bits, 0
         if type_name in kernels.REPACKED_TYPES:
-            return 8, self.act_block
+            if kernels.REPACKED_BLOCK[type_name] > self.act_block:
+                return 8, self.act_block
+            type_name = self.type_name  # its own block is fine enough already
         return (8, 0) if GGML_QUANT_SIZES[QT[type_name]][0] <= self.act_block else (16, 0)
 
     def weight_float(self) -> torch.Tensor:
