@@ -276,7 +276,7 @@ def test_auto_reads_the_prompt_into_the_draft_only_when_it_pays(models):
         e.costs.record_verify(rows, t)
     e.costs.record_draft(1, 0.001)
     e.costs.record_prompt(1, 0.02)  # the target reads a prompt row in a fifth of a pass
-    e.costs.record_draft_prefill(1, 1.0)  # 40 s to read the prompt: 12 tokens cannot repay it
+    e.costs.record_draft_prefill(16, 16.0)  # 40 s to read the prompt: 12 tokens cannot repay it
     for _ in range(3):  # (three answers of 12 tokens: what the next one is expected to be)
         seq = e.generate(Request(list(ids), SamplingParams(n_predict=12, **GREEDY),
                                  cache_prompt=False))

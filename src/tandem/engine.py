@@ -270,8 +270,10 @@ class Engine:
             self.costs.record_prompt(rows, time.perf_counter() - t0)
         if self.draft is not None:
             at = self.draft_cache.length(slot)
-            self.costs.record_draft(1, draft_step_seconds(self.draft.model, self.draft_cache,
-                                                          slot, at, self.spec.draft_vocab))
+            step = draft_step_seconds(self.draft.model, self.draft_cache, slot, at,
+                                      self.spec.draft_vocab)
+            self.costs.record_draft(1, step)
+            self.costs.draft_step = step
             rows = min(32, self.draft_cache.max_len - at - 1)
             if rows > 0:  # the draft reading a prompt chunk, per token
                 t0 = time.perf_counter()

@@ -17,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+PREFILL_MEASURE_MIN = 16  # draft reads averaged into the per-token cost (CostModel)
+
+
 @dataclass(slots=True)
 class CostModel:
     """Seconds per target pass by number of rows, and per draft token; running averages.
@@ -29,6 +32,8 @@ class CostModel:
 
     verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
     draft_token: float | None = None
+    # one draft pass of one row (the engine's calibration): what a draft token costs at least
+    draft_step: float | None = None
     draft_prefill_token: float | None = None  # the draft reading prompt tokens, per token
     prompt_token: float | None = None  # the target reading a prompt chunk, per row
     alpha: float = 0.2  # weight of a new measurement
@@ -57,13 +62,36 @@ class CostModel:
             self.draft_token = self._mix(self.draft_token, self._pending / tokens)
             self._pending = 0.0
 
+    def relax_draft(self, share: float = 0.25) -> None:
+        """A request begins: the draft's cost per token verified moves `share` of the way back
+        to one draft pass. That cost counts the calls that gave nothing (the draft unsure at
+        its first token); text the draft could not follow can put it above a target pass, and
+        a draft that costs that much is never called again to measure it anew. So each request
+        lets it be tried again sooner; the request's account bounds what a retry can lose, and
+        its calls set the cost again."""
+        if self.draft_token is not None and self.draft_step is not None \
+                and self.draft_token > self.draft_step:
+            self.draft_token += share * (self.draft_step - self.draft_token)
+
     def record_prompt(self, rows: int, seconds: float) -> None:
         if rows > 0:
             self.prompt_token = self._mix(self.prompt_token, seconds / rows)
 
     def record_draft_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
+        """The draft model read `tokens` tokens (a prompt, or the output it skipped) in
+        `seconds`. A pass streams the draft's weights once however few rows it has, so a
+        catch-up of a few tokens costs about a draft step and says nothing of the cost per
+        token of a long one: only reads of PREFILL_MEASURE_MIN tokens or more are averaged
+        (`draft_prefill` prices the short ones)."""
+        if tokens >= PREFILL_MEASURE_MIN:
             self.draft_prefill_token = self._mix(self.draft_prefill_token, seconds / tokens)
+
+    def draft_prefill(self, tokens: int) -> float | None:
+        """Seconds for the draft model to read `tokens` tokens: per token at the measured rate,
+        and never less than one draft step (a pass over its weights). None: unmeasured."""
+        if self.draft_prefill_token is None:
+            return None
+        return max(tokens * self.draft_prefill_token, self.draft_step or self.draft_token or 0.0)
 
     def verify_time(self, rows: int) -> float | None:
         """Measured, or interpolated linearly between the nearest measured row counts."""

@@ -89,6 +89,8 @@ class Speculation:
         draft model samples from. prompt_read: the prompt tokens the target reads (not
         cached), where the request's account under auto starts (account.Account)."""
         entries: list[_Entry] = []
+        if spec.adaptive and "draft-simple" in spec.types:
+            self.costs.relax_draft()
         for t in spec.types:
             if t == "ngram-simple":
                 p: Proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_m)
@@ -231,16 +233,17 @@ class Speculator:
                     expected = self.shared.expected_remaining(self.produced, remaining) * empty
                     if not self._catch_up_pays(ctl.n_max, catch_up, expected):
                         continue
-                    pre = costs.draft_prefill_token
+                    pre = costs.draft_prefill(catch_up)
                     if account is not None and pre is not None \
-                            and not account.can_spend(catch_up * pre):
+                            and not account.can_spend(pre):
                         continue  # it could put the request behind the target alone
                     t0 = time.perf_counter()
                     fed = p.prepare(self.shared.shared_catch_up if batch[0] else None)
                     dt = time.perf_counter() - t0
                     self.stats.t_draft += dt
                     if account is not None:
-                        account.spend(fed * pre if pre is not None else dt)
+                        spent = costs.draft_prefill(fed)
+                        account.spend(spent if spent is not None else dt)
                     costs.record_draft_prefill(fed, dt)
                     catch_up -= fed
                     if catch_up > 2:  # still reading (a shared pass): draft once caught up
@@ -291,10 +294,10 @@ class Speculator:
         """Whether feeding the draft n unseen tokens now is likely to be paid back by the rest
         of this generation: the time the draft saves per remaining token (its best k against
         plain decoding, with the draft's acceptance so far over every request) times the
-        tokens still to come, against n times the measured per-token cost of the draft reading
-        a prompt. Unmeasured costs: yes (measure them)."""
+        tokens still to come, against what reading n tokens costs the draft (`CostModel.
+        draft_prefill`). Unmeasured costs: yes (measure them)."""
         c = self.shared.costs
-        t_plain, pre = c.verify_time(1), c.draft_prefill_token
+        t_plain, pre = c.verify_time(1), c.draft_prefill(n)
         if t_plain is None or pre is None:
             return True
         judge = Controller(c, n_max=n_max, acceptance=self.shared.draft_history)
@@ -303,7 +306,7 @@ class Speculator:
         best = max((judge.rate(k, d) or 0.0 for k in range(1, n_max + 1)), default=0.0)
         if not plain or best <= plain:
             return False
-        return remaining * (1 / plain - 1 / best) > n * pre
+        return remaining * (1 / plain - 1 / best) > pre
 
     def accept(self, draft: Draft, n_accepted: int, tokens: list[int]) -> None:
         """The target kept n_accepted of the draft's tokens and appended `tokens`."""
