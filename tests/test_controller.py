@@ -236,38 +236,6 @@ def test_draft_calls_that_give_nothing_count_in_the_cost_per_drafted_token():
     assert c.draft_token == pytest.approx(0.020)
 
 
-def test_a_draft_priced_above_a_pass_is_tried_again_after_a_few_requests(models):
-    """Calls that gave nothing can price the draft's token above a target pass (text it could
-    not follow); priced so, it was never called again, so never measured anew, on any later
-    text. Each request's start moves the price a quarter of the way back to one draft pass
-    (the calibrated step), never below it, so the controller tries it again within a few
-    requests; without a calibrated step nothing moves."""
-    c = costs({1: 0.050, 2: 0.058, 3: 0.066}, draft=0.080)
-    c.relax_draft()
-    assert c.draft_token == 0.080  # no calibrated step: nothing to move towards
-    c.draft_step = 0.010
-    prices = []
-    for _ in range(8):
-        c.relax_draft()
-        prices.append(c.draft_token)
-    assert prices[0] == pytest.approx(0.0625)
-    assert all(a > b > 0.010 for a, b in zip(prices, prices[1:]))
-    ctl = Controller(c, n_max=2, acceptance=trained(0.85))
-    assert ctl.choose() > 0  # 8 requests later a token at ~16 ms accepted 85% of the time pays
-
-    # the engine relaxes it at every auto request's start
-    target, draft, _ = models
-    e = Engine(target, draft, EngineConfig(ctx_size=512),
-               SpecConfig(types=["auto"], n_max=4, p_min=0.0))
-    e.calibrate(0)
-    e.costs.alpha = 0.0  # no measurement moves it: only the relaxing
-    step = e.costs.draft_step
-    assert step is not None and e.costs.draft_token == pytest.approx(step)
-    e.costs.draft_token = 10 * step
-    e.generate(Request([1, 2, 3, 4], SamplingParams(n_predict=1, temperature=0.0)))
-    assert e.costs.draft_token == pytest.approx(10 * step - 0.25 * 9 * step)
-
-
 def test_a_short_catch_up_costs_a_draft_pass_and_does_not_set_the_rate():
     """A pass streams the draft's weights once however few rows it reads: reading 3 skipped
     tokens costs about one draft step, 3 ms where a 500-token prompt costs 1 ms per token. Such

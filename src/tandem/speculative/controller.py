@@ -62,17 +62,6 @@ class CostModel:
             self.draft_token = self._mix(self.draft_token, self._pending / tokens)
             self._pending = 0.0
 
-    def relax_draft(self, share: float = 0.25) -> None:
-        """A request begins: the draft's cost per token verified moves `share` of the way back
-        to one draft pass. That cost counts the calls that gave nothing (the draft unsure at
-        its first token); text the draft could not follow can put it above a target pass, and
-        a draft that costs that much is never called again to measure it anew. So each request
-        lets it be tried again sooner; the request's account bounds what a retry can lose, and
-        its calls set the cost again."""
-        if self.draft_token is not None and self.draft_step is not None \
-                and self.draft_token > self.draft_step:
-            self.draft_token += share * (self.draft_step - self.draft_token)
-
     def record_prompt(self, rows: int, seconds: float) -> None:
         if rows > 0:
             self.prompt_token = self._mix(self.prompt_token, seconds / rows)

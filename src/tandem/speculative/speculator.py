@@ -89,8 +89,6 @@ class Speculation:
         draft model samples from. prompt_read: the prompt tokens the target reads (not
         cached), where the request's account under auto starts (account.Account)."""
         entries: list[_Entry] = []
-        if spec.adaptive and "draft-simple" in spec.types:
-            self.costs.relax_draft()
         for t in spec.types:
             if t == "ngram-simple":
                 p: Proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_m)
