@@ -220,8 +220,8 @@ def test_calibration_times_a_draft_token_without_the_first_calls_cost(models, mo
 
 
 def test_draft_calls_that_give_nothing_count_in_the_cost_per_drafted_token():
-    """At p-min 0.75 the draft model often stops at its first token: that call cost a pass
-    and gave nothing to verify. Counted per token verified, a draft of one token after two
+    """A draft model call cut to nothing (its first token not worth a row) cost a pass and
+    gave nothing to verify. Counted per token verified, a draft of one token after two
     empty calls costs three passes, and the controller stops drafting where that loses."""
     c = costs({1: 0.050, 2: 0.058, 3: 0.066}, draft=0.020)
     ctl = Controller(c, n_max=2, acceptance=trained(0.85))
@@ -253,3 +253,76 @@ def test_a_short_catch_up_costs_a_draft_pass_and_does_not_set_the_rate():
     c.record_draft_prefill(16, 0.032)
     assert c.draft_prefill_token == pytest.approx(0.002)
     assert CostModel().draft_prefill(10) is None  # unmeasured
+
+
+def test_the_draft_drafts_on_while_one_more_pass_raises_the_steps_rate():
+    """Controller.extend: after each drafted token, one more pass of the draft model is paid
+    only if some continuation raises the step's expected tokens per second (the drafted
+    tokens at their calibrated confidences, the rest as likely as the last). Costs of
+    this machine's 1.5B target and 0.5B draft: 32 ms a plain pass, 11 ms a draft pass."""
+    c = costs({1: 0.032, 2: 0.0334, 3: 0.0358, 4: 0.040, 5: 0.0458})
+    c.draft_step = 0.011
+    ctl = Controller(c, n_max=4)  # uncalibrated: a confidence is taken at its word
+    assert ctl.extend([0.95])  # 1.95 tokens in 44 ms; a second at .90 gives 2.85 in 58 ms
+    assert ctl.extend([0.95, 0.95])
+    assert not ctl.extend([0.95, 0.9, 0.9])  # a fourth at .69 (4.27 in 90 ms) lowers 49 tok/s
+    assert not ctl.extend([0.3])  # a second token at .09 adds 11 + 2.4 ms for 0.09 tokens
+    assert not ctl.extend([0.9, 0.9, 0.9, 0.9])  # n_max drafted
+    c.draft_step = 0.030  # a draft pass nearly as dear as the target's: no token pays it
+    assert not ctl.extend([0.95])
+    # what the target accepted moves it: a draft whose .95 tokens keep failing stops
+    for _ in range(40):
+        ctl.calibration.update([0.95, 0.95], 0)
+    c.draft_step = 0.011
+    assert not ctl.extend([0.95])
+    assert Controller(costs({1: 0.032}), n_max=4).extend([0.5])  # unmeasured: draft, measure
+
+
+def test_a_draft_pass_that_gets_slower_is_priced_as_it_is_now():
+    """The passes of draft calls move the step's cost (CostModel.record_draft), so a machine
+    that slows down (another process on a core) makes the draft stop sooner."""
+    c = costs({1: 0.032, 2: 0.0334, 3: 0.0358, 4: 0.040, 5: 0.0458})
+    c.draft_step = 0.011
+    ctl = Controller(c, n_max=4)
+    assert ctl.extend([0.95])
+    for _ in range(20):
+        c.record_draft(2, 0.070, passes=2)  # 35 ms a pass now
+    assert c.draft_step == pytest.approx(0.035, rel=0.01)
+    assert not ctl.extend([0.95])
+    c.record_draft(0, 0.035)  # without passes (the engine's catch-up path): step kept
+    assert c.draft_step == pytest.approx(0.035, rel=0.01)
+
+
+def test_auto_verifies_the_draft_token_its_paid_pass_gave(models):
+    """Under auto the draft model has no probability floor: the pass that gives a token's
+    probability is paid before it is seen, and verifying that token costs one row. A call
+    that drafts one token makes one pass and proposes it, however unsure; a fixed floor
+    (llama.cpp's p_min, which auto used at 0.75) threw such passes away."""
+    from tandem.models.decoder import KVCache
+    from tandem.speculative.draft import DraftModelProposer
+
+    target, same, _ = models
+    assert SpecConfig(types=["auto"]).draft_p_min == 0.0
+    assert SpecConfig(types=["auto"], p_min=0.6).draft_p_min == 0.6  # given: kept
+    ids = [3, 17, 9, 40, 3, 17]
+    p = DraftModelProposer(same.model, KVCache(same.args, 1, 128, same.dtype), 0,
+                           SamplingParams(temperature=0.0), None, 4, 0, SpecConfig(
+                               types=["auto"]).draft_p_min, lazy=False)
+    p.begin(list(ids))
+    asked: list[list[float]] = []
+
+    def extend(conf):
+        asked.append(list(conf))
+        return len(conf) < 3
+
+    d = p.propose(4, extend)
+    assert len(d.ids) == 3 and asked == [d.conf[:1], d.conf[:2], d.conf]
+    assert p.cache.length(0) == len(ids) + 2  # 3 passes: the last token is not fed yet
+    p.accept(0, [5])
+    one = p.propose(4, lambda conf: False)
+    assert len(one.ids) == 1  # one pass, its token proposed, whatever its probability
+    floor = DraftModelProposer(same.model, KVCache(same.args, 1, 128, same.dtype), 0,
+                               SamplingParams(temperature=0.0), None, 4, 0, one.conf[0] + 0.01)
+    floor.begin(list(ids))
+    floor.accept(0, [5])
+    assert floor.propose(4).ids == []  # an explicit floor above it: the pass thrown away

@@ -333,7 +333,7 @@ class _LazyDraft:
         self.seen += fed
         return fed
 
-    def propose(self, k):
+    def propose(self, k, extend=None):
         from tandem.speculative.proposer import Draft
 
         return Draft([1] * k, None, [0.9] * k)

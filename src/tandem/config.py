@@ -80,7 +80,6 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1
 
 
-AUTO_P_MIN = 0.75  # auto's draft-model floor (its measured results were taken with it)
 
 
 def _floats(name: str, text: str) -> list[float]:
@@ -140,8 +139,9 @@ class SpecConfig:
     that decides what runs with or without a draft model. A comma-separated string is parsed.
     n_max / n_min / p_min: draft-simple drafts at most n_max tokens, stops when the draft's top
     probability falls below p_min, and drops drafts shorter than n_min. p_min unset (-1):
-    llama-server's default, 0 (no floor), for draft-simple alone; 0.75 under auto, whose
-    measured results were taken with it (`draft_p_min`).
+    llama-server's default, 0 (no floor); under auto the controller decides after each drafted
+    token whether one more draft pass pays (`Controller.extend`; auto used a floor of 0.75
+    before, which threw away the pass that gave a token below it).
     draft_window: the draft model processes only the last draft_window tokens of the prompt
     (0 = all of it); what it then generates it keeps. Its prompt processing costs a third of
     the target's on this CPU and is paid before the first token; a shorter window trades some
@@ -177,8 +177,8 @@ class SpecConfig:
         help="drop shorter drafts"))
     p_min: float = field(default=-1.0, metadata=flag(
         "--spec-draft-p-min", "--draft-p-min", request="speculative.p_min",
-        help="stop drafting below this draft probability (-1: 0 for draft-simple, as "
-             "llama-server; 0.75 under auto)"))
+        help="stop drafting below this draft probability (-1: 0, as llama-server; under "
+             "auto the controller decides, token by token, whether one more pass pays)"))
     draft_window: int = field(default=0, metadata=flag(
         "--spec-draft-window",
         help="the draft model processes only this many last tokens of the prompt (0 = all)"))
@@ -278,10 +278,9 @@ class SpecConfig:
 
     @property
     def draft_p_min(self) -> float:
-        """p_min as the draft model uses it: given, else 0.75 under auto, else 0."""
-        if self.p_min >= 0:
-            return self.p_min
-        return AUTO_P_MIN if self.adaptive else 0.0
+        """p_min as the draft model uses it: given, else 0 (under auto its controller decides,
+        token by token, whether one more pass pays: `Controller.extend`)."""
+        return max(self.p_min, 0.0)
 
     def resolved(self, has_draft: bool) -> SpecConfig:
         """These settings as they run with (or without) a draft model; the one home of the

@@ -84,7 +84,7 @@ def spec_settings(spec: SpecConfig, draft_path: str | None) -> dict:
     reads the whole prompt; draft_vocab 0: the draft proposes from the whole vocabulary."""
     view = dataclasses.asdict(spec)
     view["type"] = ",".join(view.pop("types"))
-    view["p_min"] = spec.draft_p_min  # the floor in use (unset: 0, or 0.75 under auto)
+    view["p_min"] = spec.draft_p_min  # the floor in use (unset: 0)
     return {"type": view.pop("type"), "enabled": spec.enabled, "draft_model": draft_path,
             **view}
 

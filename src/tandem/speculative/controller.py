@@ -32,7 +32,8 @@ class CostModel:
 
     verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
     draft_token: float | None = None
-    # one draft pass of one row (the engine's calibration): what a draft token costs at least
+    # one draft pass of one row (the engine's calibration, then the passes of draft calls):
+    # what a draft token costs at least, and what drafting one more costs (Controller.extend)
     draft_step: float | None = None
     draft_prefill_token: float | None = None  # the draft reading prompt tokens, per token
     prompt_token: float | None = None  # the target reading a prompt chunk, per row
@@ -52,11 +53,15 @@ class CostModel:
             self.verify[r] *= drift
         self.verify[rows] = self._mix(old, seconds)  # the full step for the one measured
 
-    def record_draft(self, tokens: int, seconds: float) -> None:
+    def record_draft(self, tokens: int, seconds: float, passes: int = 0) -> None:
         """A draft call of `seconds` that gave `tokens` tokens to verify. A call that gave
         none (the draft model below p-min at its first token, or a draft cut to nothing) still
         cost its passes: that time is carried into the next call that gives tokens, so the
-        cost per token is per token verified, what the controller's k pays for."""
+        cost per token is per token verified, what the controller's k pays for. passes: the
+        draft model's passes in the call (one per token drafted, before any cut): they move
+        `draft_step`, so that what one more pass costs follows the machine's speed."""
+        if passes > 0:
+            self.draft_step = self._mix(self.draft_step, seconds / passes)
         self._pending += seconds
         if tokens > 0:
             self.draft_token = self._mix(self.draft_token, self._pending / tokens)
@@ -333,6 +338,44 @@ class Controller:
             self._idle = 0
             return 1
         return 0
+
+    def extend(self, conf: list[float], rows: int = 0, tokens: int = 0) -> bool:
+        """Whether a draft model that has drafted tokens with confidences `conf` should pay
+        one more pass to draft on. The objective is `rate`'s, the tokens per second of this
+        step: E[tokens] over the draft's passes (one per token drafted, at the calibrated
+        `draft_step`) plus the verification. The drafted tokens count at their calibrated
+        probabilities; the tokens not drafted yet are each expected as likely as the last one
+        (a draft is sure, or unsure, over stretches). It drafts on when some continuation of
+        up to n_max tokens is predicted to raise that rate.
+
+        This replaces a fixed floor on the draft's probability (llama.cpp's p_min, which
+        auto used at 0.75): the pass that gives a token's probability is paid before the
+        token is seen, so a floor at the first token throws a paid pass away, and those calls
+        priced the draft model out (its cost per token verified, `record_draft`, counts
+        them); and whether one more token pays depends on what a pass costs against what a
+        token is worth, not on one probability. Unmeasured costs: yes (measure them)."""
+        step = self.costs.draft_step or self.costs.draft_token
+        k = len(conf)
+        if step is None or k >= self.n_max:
+            return step is None and k < self.n_max
+        expected, p = tokens + 1.0, 1.0
+        for c in conf:
+            p *= self.calibration.p(c)
+            expected += p
+        t = self.costs.verify_time(rows + k + 1)
+        if t is None:
+            return True
+        now = expected / (k * step + t)
+        q = self.calibration.p(conf[-1])
+        for m in range(1, self.n_max - k + 1):
+            p *= q
+            expected += p
+            t = self.costs.verify_time(rows + k + m + 1)
+            if t is None:
+                return True
+            if expected / ((k + m) * step + t) > now:
+                return True
+        return False
 
     def update(self, k: int, n_accepted: int, conf: list[float] | None = None) -> None:
         if k > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -186,7 +187,9 @@ class DraftModelProposer:
             logits[where] = float("-inf")
         return logits
 
-    def propose(self, k: int) -> Draft:
+    def propose(self, k: int, extend: Callable[[list[float]], bool] | None = None) -> Draft:
+        """Up to k tokens, one pass each. extend (auto's controller, `Controller.extend`):
+        asked after each token, with the confidences so far, whether one more pass pays."""
         k = min(k, self.n_max, self.cache.max_len - (len(self.tokens) - self.base) - 1)
         if k <= 0 or k < self.n_min:
             return Draft([])
@@ -228,6 +231,8 @@ class DraftModelProposer:
             ids.append(j if self.short is None else int(self.short.ids[j]))
             if self.guide is not None and ids[-1] in self.guide.eog:
                 break  # the grammar's end: nothing follows
+            if i + 1 < k and extend is not None and not extend(conf):
+                break
             if i + 1 < k:
                 logits = self._feed(ids[-1:])
         if len(ids) < max(self.n_min, 1):

@@ -51,8 +51,9 @@ class Proposer(Protocol):
 
     free: True when proposing costs next to nothing (n-gram, suffix: the controller may look at
     a whole draft before deciding how much of it to verify), False when each token costs a
-    model pass (the draft model: the controller decides how many to draft first). A costly
-    proposer that reads the prompt lazily also has `unseen()` (tokens it has not read yet) and
+    model pass (the draft model: the controller decides whether to draft, and its
+    `propose(k, extend)` asks `extend(confidences so far)` after each token whether to draft
+    on). A costly proposer that reads the prompt lazily also has `unseen()` (tokens it has not read yet) and
     `prepare()` (read them now, in prompt chunks; returns how many). kind: the name its accepted
     tokens are reported under ("draft" for the draft model; "suffix", "ngram": repetition)."""
 

@@ -188,8 +188,10 @@ class Speculator:
         A free proposer (suffix, n-gram) drafts its most and its controller keeps the prefix
         the confidences say will pay (`Controller.cut`; a draft without confidences is capped
         by the per-position estimate). The draft model is costly per token: its controller
-        chooses how many to draft first (from measured costs and acceptance), the model stops
-        earlier below p_min, and the confidences of what it drafted may cut it further.
+        chooses whether to call it (from its measured cost per token verified and its
+        acceptance), then after each token whether one more pass pays (`Controller.extend`,
+        from the calibrated confidences), and the confidences of what it drafted may cut it
+        further (only verification counts then: the passes are spent).
         remaining: tokens this sequence may still generate (its budget; with the lengths of
         earlier answers it says whether a lazy draft model's catch-up on the prompt can pay).
         batch: (rows, tokens) of the rest of the pass this draft joins (other sequences' rows and
@@ -217,7 +219,10 @@ class Speculator:
                          else ctl.choose(0.0, *batch))
                     d = d.cut(k)
             else:
-                k = budget if ctl is None else min(budget, ctl.choose(None, *batch))
+                # under auto its controller says whether to call it at all (`choose`, from
+                # its measured cost per token verified and acceptance), and then, token by
+                # token, whether one more pass pays (`extend`, from the confidences)
+                k = budget if ctl is None or ctl.choose(None, *batch) > 0 else 0
                 if account is not None and k > 0:
                     k = account.affordable(k, costs.draft_token or 0.0)
                 if k <= 0:
@@ -251,17 +256,21 @@ class Speculator:
                         if k <= 0:
                             continue
                 t0 = time.perf_counter()
-                d = p.propose(k)
+                if ctl is None:
+                    d = p.propose(k)
+                else:  # its controller says, token by token, whether one more pass pays
+                    d = p.propose(k, lambda conf, c=ctl: c.extend(conf, *batch))
                 dt = time.perf_counter() - t0
                 self.stats.t_draft += dt
                 self._drafting = len(d.ids) * (costs.draft_token or 0.0)
+                passes = max(1, len(d.ids))  # one per token drafted; a call that gave none: one
                 if ctl is not None and d.ids and d.conf is not None:
                     d = d.cut(ctl.cut(d.conf, *batch))
                 # the cost of drafting per token verified (calls that gave none count too); a
                 # draft that first caught up on many tokens it skipped while idle (k = 0 steps)
                 # would overstate it: not recorded
                 if catch_up <= 2:
-                    costs.record_draft(len(d.ids), dt)
+                    costs.record_draft(len(d.ids), dt, passes)
             if account is not None and p.free and d.ids:
                 d = d.cut(account.affordable(len(d.ids)))
             if d.ids:
