@@ -351,7 +351,7 @@ class _LazyDraft:
         pass
 
 
-def _lazy_speculator(lengths: list[int]):
+def _lazy_speculator(lengths: list[int], tried: int = 50):
     from tandem.speculative.controller import CostModel
     from tandem.speculative.speculator import Speculation, Speculator, _Entry
     from tandem.speculative.stats import SpecStats
@@ -359,7 +359,7 @@ def _lazy_speculator(lengths: list[int]):
     shared = Speculation(None, None, prefill_chunk=512)
     shared.costs = CostModel(verify={1: 0.100, 2: 0.110, 3: 0.120, 4: 0.130, 5: 0.140},
                              draft_token=0.005, draft_prefill_token=0.004)
-    for _ in range(50):  # the draft model's tokens were mostly accepted so far
+    for _ in range(tried):  # the draft model's tokens were mostly accepted so far
         shared.draft_history.update(4, 4)
     shared.lengths.extend(lengths)
     proposer = _LazyDraft()
@@ -390,3 +390,31 @@ def test_a_fresh_server_bets_a_draft_models_catch_up_on_what_the_answer_has_show
     known, q = _lazy_speculator([240, 250, 256])  # earlier answers ran long
     _generate(known, q, 1)
     assert q.read_at == 0
+
+
+def test_a_draft_model_never_tried_is_judged_hopefully_until_it_has_shown_its_acceptance(
+        monkeypatch):
+    """A draft model never read in has only its prior acceptance (2/3). On this machine's
+    costs (a 32 ms target pass, 10.6 ms a draft pass, 2.34 ms a draft prompt token) that
+    never pays a 200-token catch-up for 70 tokens to come, so the draft would never be tried
+    and its real acceptance never learned. The catch-up is judged one standard deviation
+    above the estimate: hopeful while nothing is known, the estimate itself once the draft
+    has shown what it does, and a draft that keeps failing is not read in again."""
+    from tandem.speculative import speculator
+    from tandem.speculative.controller import CostModel
+
+    def judge(tried: int, accepted: int) -> bool:
+        spec, _ = _lazy_speculator([], tried=0)
+        spec.shared.costs = CostModel(
+            verify={1: 0.032, 2: 0.0334, 3: 0.0358, 4: 0.040, 5: 0.0458},
+            draft_token=0.0106, draft_prefill_token=0.00234)
+        for _ in range(tried):
+            spec.shared.draft_history.update(4, accepted)
+        return spec._catch_up_pays(4, 200, 70)
+
+    assert judge(0, 0)  # never tried: tried now
+    assert not judge(300, 0)  # its tokens were refused: not read in again
+    assert judge(300, 4)
+    monkeypatch.setattr(speculator, "CATCH_UP_OPTIMISM", 0.0)
+    assert not judge(0, 0)  # at the prior's mean it would never have been tried
+    assert judge(300, 4)  # what it showed decides alike either way

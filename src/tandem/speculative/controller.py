@@ -132,12 +132,14 @@ class AcceptanceTracker:
             self.reached[j] += 1
             self.accepted[j] += j < n_accepted
 
-    def rates(self, n: int) -> list[float]:
+    def rates(self, n: int, z: float = 0.0) -> list[float]:
         """Posterior means of positions 0..n-1. Position 0's prior is Beta(prior_hits,
         prior_misses); position j's prior has the same weight around position j - 1's
         estimate, so a position never reached yet is expected to do as well as the one before
         it (a controller that kept k short must still see what a longer k would give). With a
-        parent, each position's prior (same weight) is centred on the parent's estimate."""
+        parent, each position's prior (same weight) is centred on the parent's estimate.
+        z > 0: each mean plus z posterior standard deviations (at most 1), an optimistic
+        estimate that is near the mean once a position was reached often."""
         weight = self.prior_hits + self.prior_misses
         p = self.prior_hits / weight if weight > 0 else 1.0
         centres = self.parent.rates(n) if self.parent is not None else None
@@ -149,16 +151,17 @@ class AcceptanceTracker:
                 p = centres[i]
             if r + weight > 0:
                 p = (a + weight * p) / (r + weight)
-            out.append(p)
+            out.append(p if z <= 0 else min(1.0, p + z * (p * (1 - p) / (r + weight + 1)) ** 0.5))
         return out
 
     def rate(self, j: int) -> float:
         return self.rates(j + 1)[j]
 
-    def expected_tokens(self, k: int) -> float:
-        """1 (the target's own token) + sum over i of P(first i draft tokens accepted)."""
+    def expected_tokens(self, k: int, z: float = 0.0) -> float:
+        """1 (the target's own token) + sum over i of P(first i draft tokens accepted);
+        z: with `rates`' optimistic estimates."""
         total, p = 1.0, 1.0
-        for r in self.rates(k):
+        for r in self.rates(k, z):
             p *= r
             total += p
         return total
@@ -254,6 +257,8 @@ class Controller:
     calibration: Calibration = field(default_factory=Calibration)
     probe_every: int = 16
     margin: float = 0.05
+    # > 0: `rate` takes the acceptance this many standard deviations above its estimate
+    optimism: float = 0.0
     _idle: int = 0
     _busy: int = 0
 
@@ -263,7 +268,8 @@ class Controller:
         t = self.costs.verify_time(rows + k + 1)
         if t is None:
             return None
-        return (tokens + self.acceptance.expected_tokens(k)) / (k * draft_token + t)
+        return (tokens + self.acceptance.expected_tokens(k, self.optimism)) \
+            / (k * draft_token + t)
 
     def choose(self, draft_token: float | None = None, rows: int = 0, tokens: int = 0) -> int:
         """draft_token: seconds per drafted token (0 for n-gram); None = the measured one.

@@ -137,6 +137,10 @@ class Speculation:
                           calibration=Calibration(parent=calibration))
 
 
+# standard deviations above the draft model's estimated acceptance that judge a catch-up
+CATCH_UP_OPTIMISM = 1.0
+
+
 class Speculator:
     """One sequence's proposers, each with its controller under auto (see `draft`)."""
 
@@ -302,12 +306,20 @@ class Speculator:
         of this generation: the time the draft saves per remaining token (its best k against
         plain decoding, with the draft's acceptance so far over every request) times the
         tokens still to come, against what reading n tokens costs the draft (`CostModel.
-        draft_prefill`). Unmeasured costs: yes (measure them)."""
+        draft_prefill`). Unmeasured costs: yes (measure them).
+
+        The acceptance is taken CATCH_UP_OPTIMISM standard deviations above its estimate: a
+        draft model that was never read in has only its prior (2/3), which no catch-up of a
+        mid-length answer pays for, so it would never be tried and its acceptance (0.85 for
+        the default pair) never learned; one try teaches every later request, and the
+        request's `Account` still bounds what the try can lose. Once the draft has drafted a
+        few hundred tokens the bound is within a few hundredths of the estimate."""
         c = self.shared.costs
         t_plain, pre = c.verify_time(1), c.draft_prefill(n)
         if t_plain is None or pre is None:
             return True
-        judge = Controller(c, n_max=n_max, acceptance=self.shared.draft_history)
+        judge = Controller(c, n_max=n_max, acceptance=self.shared.draft_history,
+                           optimism=CATCH_UP_OPTIMISM)
         d = c.draft_token or 0.0
         plain = judge.rate(0, d)
         best = max((judge.rate(k, d) or 0.0 for k in range(1, n_max + 1)), default=0.0)
