@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--pool", type=int, default=0, help="--spec-suffix-pool (0: off)")
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--draft-n-max", type=int, default=4, help="--spec-draft-n-max")
+    ap.add_argument("--draft-window", type=int, default=0,
+                    help="--spec-draft-window (0: the draft reads the whole prompt)")
     ap.add_argument("--trace", action="store_true",
                     help="print every verified draft: own or pool, k, accepted, the proposer's "
                          "confidences and the calibrated probabilities the controller used")
@@ -95,7 +97,8 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     cfg = EngineConfig(ctx_size=4096, n_threads=a.threads)
-    spec = SpecConfig(types=["auto"], suffix_pool=a.pool, n_max=a.draft_n_max).resolved(True)
+    spec = SpecConfig(types=["auto"], suffix_pool=a.pool, n_max=a.draft_n_max,
+                      draft_window=a.draft_window).resolved(True)
     engine = load_engine("default", "default-draft", cfg, spec)
     rows_max = spec.max_k + 1
     if a.costs:
