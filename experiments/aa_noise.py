@@ -17,17 +17,14 @@ import argparse
 import json
 import statistics
 import time
-import urllib.request
+
+from common import post
 
 
 def request(port: int, prompt: str, n_predict: int) -> dict:
-    body = json.dumps({"prompt": prompt, "n_predict": n_predict, "cache_prompt": False,
-                       "temperature": 0}).encode()
     t0 = time.perf_counter()
-    with urllib.request.urlopen(urllib.request.Request(
-            f"http://localhost:{port}/completion", body,
-            {"Content-Type": "application/json"})) as r:
-        out = json.load(r)
+    out = post(f"http://localhost:{port}/completion", {
+        "prompt": prompt, "n_predict": n_predict, "cache_prompt": False, "temperature": 0})
     t = out["timings"]
     return {"wall_s": time.perf_counter() - t0, "prompt_ms": t["prompt_ms"],
             "prompt_n": t["prompt_n"], "predicted_ms": t["predicted_ms"],

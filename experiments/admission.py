@@ -18,25 +18,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_flags() -> str:
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    keep = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
-    model = next((line.split(":", 1)[1].strip()
-                  for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return f"{model}; " + " ".join(f for f in keep if f in flags)
+from common import ROOT, cpu_line
 
 
 def main() -> None:
@@ -68,7 +54,7 @@ def main() -> None:
              (ROOT / "bench/prompts/held-out-mix.jsonl").read_text().splitlines() if x.strip()]
     module = __import__(a.source)
     long_text = ("Explain what this module does.\n\n" + inspect.getsource(module))
-    results = {"cpu": cpu_flags(), "command": " ".join(["python", *__import__("sys").argv]),
+    results = {"cpu": cpu_line(), "command": " ".join(["python", *__import__("sys").argv]),
                "runs": []}
     base = load_engine(target, draft, EngineConfig(n_parallel=3, ctx_size=4096), spec)
     tok = base.tok

@@ -1,6 +1,6 @@
 """Per-category speed-ups of a `tandem bench` folder, each engine against its own target alone.
 
-    python experiments/by_category.py bench/results/held-out-mix-suffix
+    python experiments/by_category.py bench/results/held-out-mix-zen4-hopeful
 
 Tasks are grouped by their name without the trailing question id or function name
 (`summarization-242` -> summarization, `mt-bench-writing` -> mt-bench, `stdlib-edit-dedent` ->

@@ -20,12 +20,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, busy, command_line, cpu_line, export_rev, spread
+
 sys.path.insert(0, str(ROOT / "src"))
 from tandem import kernels  # noqa: E402
 
@@ -43,12 +42,6 @@ def build(src: Path, out: Path) -> None:
     subprocess.run(cmd, check=True)
 
 
-def busy(seconds: float) -> None:
-    end = time.time() + seconds
-    while time.time() < end:
-        pass
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--against", required=True, metavar="REV")
@@ -60,17 +53,12 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp())
-    with tempfile.NamedTemporaryFile(suffix=".tar") as t:
-        subprocess.run(["git", "-C", str(ROOT), "archive", "-o", t.name, a.against,
-                        "src/tandem/kernels"], check=True)
-        with tarfile.open(t.name) as tar:
-            tar.extractall(tmp, filter="data")
     bins = {"old": tmp / "kb-old", "new": tmp / "kb-new"}
-    build(tmp / "src/tandem/kernels", bins["old"])
+    build(export_rev(a.against, tmp, "src/tandem/kernels"), bins["old"])
     build(ROOT / "src/tandem/kernels", bins["new"])
     neighbour = None
     if a.busy:
-        neighbour = multiprocessing.Process(target=busy, args=(24 * 3600,), daemon=True)
+        neighbour = multiprocessing.Process(target=busy, daemon=True)
         neighbour.start()
     env = dict(os.environ, THREADS=str(a.threads))
     times: dict[str, dict[str, list[float]]] = {NAMES[s]: {"old": [], "new": []} for s in SHAPES}
@@ -86,22 +74,17 @@ def main() -> int:
     finally:
         if neighbour is not None:
             neighbour.terminate()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), "?")
-    flags = sorted(f for f in kernels._cpu_flags() if f.startswith(("avx", "fma", "f16c", "amx")))
     lines = [f"# Kernels: working tree against {a.against}, {a.threads} threads"
              + (", a busy process beside them" if a.busy else ""), "",
-             f"Command: `python experiments/kernel_ab.py {' '.join(sys.argv[1:])}`", "",
-             f"CPU: {cpu}, {os.cpu_count()} CPUs; flags: {' '.join(flags)}; build "
+             f"Command: `{command_line()}`", "",
+             f"CPU: {cpu_line()}; build "
              f"{kernels.variant()}. Each figure is the best of 200 products (random blocks, "
              f"experiments/kernel_bench.c); {a.rounds} rounds, the two sides in turns.", "",
              "| product (512 rows, N x K) | before, ms median (min-max) | after | before / after |",
              "|---|---|---|---|"]
     for shape in SHAPES:
         o, n = times[NAMES[shape]]["old"], times[NAMES[shape]]["new"]
-        lines.append(f"| {NAMES[shape]} {shape[3]}x{shape[4]} | {statistics.median(o):.2f} "
-                     f"({min(o):.2f}-{max(o):.2f}) | {statistics.median(n):.2f} "
-                     f"({min(n):.2f}-{max(n):.2f}) | "
+        lines.append(f"| {NAMES[shape]} {shape[3]}x{shape[4]} | {spread(o)} | {spread(n)} | "
                      f"{statistics.median(o) / statistics.median(n):.3f}x |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps({"against": a.against, "busy": a.busy,

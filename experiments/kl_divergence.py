@@ -15,7 +15,7 @@ the statistics are computed by the same arithmetic for every engine.
 
     python experiments/kl_divergence.py --threads 2 --chunks 8 \\
         --llama-perplexity /path/to/llama.cpp/build/bin/llama-perplexity \\
-        --out bench/results/kl-divergence
+        --out bench/results/kl-divergence-NAME
 
 Writes OUT/text.txt (the text), OUT/results.json (every statistic, the command, the CPU flags)
 and OUT/report.md; with --llama-perplexity also OUT/llama-*.log (llama.cpp's own output).
@@ -29,13 +29,14 @@ import math
 import re
 import shlex
 import subprocess
-import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from common import command_line, cpu_line
 
 CODE = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
 PROSE = Path("/usr/share/common-licenses/GPL-3")
@@ -182,17 +183,6 @@ def parse_llama(out: str) -> dict:
             "ppl": num("Mean PPL(Q)"), "ppl_base": num("Mean PPL(base)")}
 
 
-def cpu_flags() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-            flags = line.split(":", 1)[1].split()
-            simd = [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx"))]
-            return f"{name}; {' '.join(simd)}"
-    return "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
@@ -240,12 +230,12 @@ def main() -> int:
             said = run_llama(a.llama_perplexity, resolve(a.model), out / "text.txt", base, a,
                              out / "llama-q.log", kld=True)
         results["llama.cpp"] = parse_llama(said)
-    command = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    command = command_line()
     (out / "results.json").write_text(json.dumps(
-        {"command": command, "cpu": cpu_flags(), "tokens": len(ids), "chunks": n_chunks,
+        {"command": command, "cpu": cpu_line(), "tokens": len(ids), "chunks": n_chunks,
          "ctx": a.ctx, "text": [str(CODE), str(PROSE)], "results": results}, indent=1))
     lines = [f"# KL divergence from float32 activations: {a.model}", "", f"Command: `{command}`", "",
-             f"CPU: {cpu_flags()}", "",
+             f"CPU: {cpu_line()}", "",
              f"Text: the first {a.chars} characters of `{CODE}` and of `{PROSE}` "
              f"({len(ids)} tokens); {n_chunks} chunks of {a.ctx}, the second half of each "
              f"scored ({results[next(iter(results))]['positions']} positions).", "",

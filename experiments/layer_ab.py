@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, cpu_line, export_rev
+
 sys.path.insert(0, str(ROOT / "src"))
 
 from tandem import kernels  # noqa: E402
@@ -41,12 +40,7 @@ from tandem.models.loader import load_model  # noqa: E402
 def build_rev(rev: str, out_dir: Path) -> tuple[ctypes.CDLL, bool]:
     """REV's kernels (its src/tandem/kernels), compiled as this tree compiles its own, and
     whether its tq_forward takes the KV cache types (the f16 cache)."""
-    archive = out_dir / "src.tar"
-    subprocess.run(["git", "archive", "-o", str(archive), rev, "src/tandem/kernels"], cwd=ROOT,
-                   check=True)
-    with tarfile.open(archive) as tf:
-        tf.extractall(out_dir, filter="data")
-    src = out_dir / "src/tandem/kernels"
+    src = export_rev(rev, out_dir, "src/tandem/kernels")
     files = [str(src / p.name) for p in kernels.SOURCES if (src / p.name).exists()]
     flags = [*kernels.CFLAGS, *kernels.VARIANTS[kernels.variant()][0]]
     lib_path = out_dir / "rev.so"
@@ -120,10 +114,7 @@ def main() -> None:
                 types = [3 if t == "f16" else 0] if takes_types else []
                 libs[name] = (lib, kc.to(dtypes[t]), vc.to(dtypes[t]), types,
                               native if lib is here else plain)
-        cpu = next((ln.split(":", 1)[1].strip() for ln in
-                    Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), platform.processor())
-        print(f"CPU: {cpu}; build {kernels.variant()}; {a.threads} threads; model {a.model}")
+        print(f"CPU: {cpu_line()}; build {kernels.variant()}; {a.threads} threads; model {a.model}")
         for m in a.rows:
             x0 = torch.randn(m, args.dim, generator=g)
             slots = (ctypes.c_int64 * m)(*([0] * m))

@@ -14,21 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, command_line, free_port, post, wait_healthy
+
 GiB = 1 << 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def planned_total(check_out: str) -> int:
@@ -61,21 +53,11 @@ def main() -> int:
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+        wait_healthy(url, srv)
         tasks = [json.loads(x) for x in (ROOT / "bench/prompts/cpu-tasks.jsonl").open()]
         for t in tasks:
-            body = json.dumps({"prompt": t["prompt"], "n_predict": 128, "temperature": 0,
-                               "top_k": 1, "cache_prompt": False}).encode()
-            req = urllib.request.Request(url + "/completion", body,
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=600) as r:
-                json.load(r)
+            post(url + "/completion", {"prompt": t["prompt"], "n_predict": 128,
+                                       "temperature": 0, "top_k": 1, "cache_prompt": False})
         peak = vm_hwm(srv.pid)
     finally:
         srv.terminate()
@@ -83,7 +65,7 @@ def main() -> int:
     err = (peak - predicted) / predicted
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    cmd = command_line()
     res = {"command": cmd, "flags": flags, "predicted_bytes": predicted, "peak_rss_bytes": peak,
            "relative_error": err, "check_output": check.stdout + check.stderr}
     (out / "result.json").write_text(json.dumps(res, indent=1))

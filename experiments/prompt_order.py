@@ -17,12 +17,10 @@ import argparse
 import inspect
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from admission import cpu_flags  # noqa: E402
+from common import command_line, cpu_line
 
 
 def main() -> None:
@@ -96,7 +94,7 @@ def main() -> None:
             s[which] = {"ttft_s": med([x[name][which] for x in runs]),
                         "over_alone": med(ratios), "range": [min(ratios), max(ratios)]}
         summary[name] = s
-    out = {"cpu": cpu_flags(), "command": " ".join(["python", *sys.argv]),
+    out = {"cpu": cpu_line(), "command": command_line(),
            "tokens": {"long": len(long_ids), "short": len(short_ids)}, "runs": runs,
            "summary": summary}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, free_port, wait_healthy
+
 sys.path.insert(0, str(ROOT))
 
 KEY = "soak-key"
@@ -39,12 +39,6 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "import os\nimport sys\n",
            "for i in range(10):", "Once upon a time there was", "one two three one two three"]
 CHATS = ["hello", "Write a function that adds two numbers", "count to ten"]
 N = 24  # tokens per answer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(d: Path) -> tuple[subprocess.Popen, str]:
@@ -60,17 +54,11 @@ def start_server(d: Path) -> tuple[subprocess.Popen, str]:
          "-np", "2", "-c", "2048", "--api-key", KEY, "--metrics", "-t", "1", "--port",
          str(port), "--timeout", "60"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"soak: the server exited:\n{(d / 'server.log').read_text()}")
-        time.sleep(0.2)
-    raise SystemExit("soak: the server did not become ready")
+    try:
+        wait_healthy(url, proc, timeout=120)
+    except (RuntimeError, TimeoutError) as e:
+        raise SystemExit(f"soak: {e}:\n{(d / 'server.log').read_text()}") from None
+    return proc, url
 
 
 def completion(prompt: str) -> dict:

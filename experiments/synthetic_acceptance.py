@@ -18,50 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from common import ROOT, cpu_line, free_port, post, wait_healthy
 
+sys.path.insert(0, str(ROOT / "src"))
 from tandem.registry import resolve  # noqa: E402
 
 PROMPTS = ROOT / "bench" / "prompts" / "held-out-mix.jsonl"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url: str, body: dict, timeout: float = 600) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server not healthy in time")
 
 
 def command(engine: str, length: float | None, a: argparse.Namespace, port: int) -> list[str]:
@@ -124,22 +92,6 @@ def summary(records: list[dict]) -> dict:
     # a step emits its kept tokens and one of the target's: steps = tokens - kept
     return {"decode_tok_s": 1e3 * n / ms, "tokens": n, "drafted": drafted, "kept": kept,
             "per_step": n / max(n - kept, 1)}
-
-
-def cpu_line() -> str:
-    model, flags = platform.processor(), set()
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    keep = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                        "avx512_bf16", "avx_vnni", "amx_int8") if f in flags]
-    return f"{model}; {os.cpu_count()} CPUs; {' '.join(keep)}"
 
 
 def main() -> int:

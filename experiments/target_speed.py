@@ -6,7 +6,7 @@ alike. Reports the median, min and max of prompt and generation tokens/s per pat
 each path's output text is the same in every run.
 
     python experiments/target_speed.py --model default --threads 2 --runs 5 --n-predict 128 \
-        --out bench/results/target-speed
+        --out /tmp/target-speed
 
 `--against REV` adds the first of --paths as the source at git revision REV computes it (its `src/`
 exported to a temporary folder and put first on PYTHONPATH; its kernels build from its own C
@@ -21,15 +21,13 @@ import argparse
 import json
 import multiprocessing
 import os
-import shlex
-import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, busy, command_line, export_rev, short_rev, spread
+
 # The paths: label -> extra flags for `tandem generate` (and environment variables).
 PATHS = {
     "native C layers (default activations)": ["--weights", "native"],
@@ -64,11 +62,6 @@ def run_once(model: str, flags: list[str], threads: int, n_predict: int) -> dict
     return json.loads(out.stdout)
 
 
-def busy() -> None:
-    while True:
-        pass
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
@@ -88,15 +81,10 @@ def main() -> int:
         neighbour.start()
     tmp = None
     if a.against:
-        rev = subprocess.run(["git", "rev-parse", "--short", a.against], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout.strip()
+        rev = short_rev(a.against)
         tmp = tempfile.TemporaryDirectory(prefix="tandem-against-")
-        archive = Path(tmp.name) / "src.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), rev, "src"], cwd=ROOT, check=True)
-        with tarfile.open(archive) as tf:
-            tf.extractall(tmp.name, filter="data")
         label = f"{labels[0]} (at {rev})"
-        PATHS[label] = [*PATHS[labels[0]], f"PYTHONPATH={Path(tmp.name) / 'src'}"]
+        PATHS[label] = [*PATHS[labels[0]], f"PYTHONPATH={export_rev(rev, Path(tmp.name))}"]
         labels.append(label)
     runs: dict[str, list[dict]] = {lab: [] for lab in labels}
     for r in range(a.runs):
@@ -108,12 +96,12 @@ def main() -> int:
                   f"decode {t['predicted_per_second']:.2f} tok/s", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    cmd = command_line()
     (out / "results.json").write_text(json.dumps(
-        {"command": f"python {cmd}", "model": a.model, "threads": a.threads,
+        {"command": cmd, "model": a.model, "threads": a.threads,
          "n_predict": a.n_predict, "runs": runs}, indent=1))
     lines = [f"# Target-alone speed: {a.model}, {a.threads} threads", "",
-             f"Command: `python {cmd}`", "",
+             f"Command: `{cmd}`", "",
              f"Prompt: {runs[labels[0]][0]['timings']['prompt_n']} tokens; "
              f"{a.n_predict} generated tokens, greedy; {a.runs} runs per path, interleaved"
              + ("; a busy process beside them." if a.busy else "."), "",
@@ -123,9 +111,7 @@ def main() -> int:
         pp = [x["timings"]["prompt_per_second"] for x in runs[lab]]
         tg = [x["timings"]["predicted_per_second"] for x in runs[lab]]
         same = len({x["content"] for x in runs[lab]}) == 1
-        lines.append(f"| {lab} | {statistics.median(pp):.1f} ({min(pp):.1f}-{max(pp):.1f}) | "
-                     f"{statistics.median(tg):.2f} ({min(tg):.2f}-{max(tg):.2f}) | "
-                     f"{'yes' if same else 'no'} |")
+        lines.append(f"| {lab} | {spread(pp, 1)} | {spread(tg)} | {'yes' if same else 'no'} |")
     first = {lab: runs[lab][0]["content"] for lab in labels}
     base = first[labels[0]]
     lines += ["", "Output compared with the first path's: " + ", ".join(
