@@ -2,8 +2,8 @@
 
 Every product of a pass ends at a barrier where each thread waits for the slowest. When another
 process keeps one of the CPUs busy, the thread on that CPU runs only part of the time and every
-barrier waits for it: on the 2-CPU AVX-512 Xeon with a busy loop beside it, the target decoded
-4.4 tok/s with 2 threads and 6.9 with 1 (`bench/results/threads-busy/`). So before each pass the
+barrier waits for it: on a 2-CPU machine with a busy loop beside it, the target decodes faster
+on 1 thread than on 2 (`bench/results/threads-busy/`). So before each pass the
 engine asks `CpuShare.threads()`: the CPUs this process may run on (its affinity) less the CPU
 time other processes used on them over the last window, read from /proc/stat (user, nice,
 system, irq, softirq of those CPUs) less this process's own CPU time (`os.times`, every thread).

@@ -57,9 +57,8 @@ VARIANTS = {
 # prompt kernel (gemm.c: weights unpacked once per block of rows), fewer the row-by-row kernels
 # (same bits). Decode and verification (at most MR = 10 rows: 8 or 9 drafted tokens) stay on
 # the row-by-row kernels, which re-derive every weight for each 10-row pass; prompt chunks take
-# the prompt kernel. With the weights in cache it already wins from 8 rows (bench/kernel_bench.c,
-# Q6_K 2048x1536, one thread: 16 rows 1.34 ms against 1.69 ms), so 16 is a safe margin, not a
-# measured break-even.
+# the prompt kernel. With the weights in cache it already wins from 8 rows
+# (experiments/kernel_bench.c), so 16 is a safe margin, not a measured break-even.
 # the KV cache dtypes tq_forward reads -> its flag for keys (TQ_K_F16 in tq.h; values: x 2)
 CACHE_DTYPES = {torch.float32: 0, torch.float16: 1}
 PROMPT_ROWS = 16

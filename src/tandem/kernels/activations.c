@@ -152,9 +152,9 @@ void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float
             /* the sum of the rounded values, as llama.cpp's Q8 blocks carry it: the weights'
              * offsets (mins, Q4_0's -8 d, ...) then meet the same activations as the q do, and
              * their rounding errors cancel. With the float sum of x instead, a Q4_K product's
-             * error was ~3x that of rounding x to Q8_K (mean |error| 0.110 against 0.038 on
-             * blk.3.ffn_up of the default target), and the target's next-token KL divergence
-             * from float32 activations 0.0096 against llama.cpp's 0.0022 */
+             * error was several times that of rounding x to Q8_K, and so was the target's
+             * next-token KL divergence from float32 activations against llama.cpp's
+             * (docs/numerics.md; bench/results/kl-divergence-mixed for today's) */
             sum[g] = s[g] * (float)(bs[2 * g] + bs[2 * g + 1]);
         }
     }

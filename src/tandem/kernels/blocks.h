@@ -103,24 +103,20 @@ static inline int type_x(int64_t type) {
 
 /* The row-by-row loops prefetch the weight bytes PF_BYTES ahead of the row they compute.
  * Decoding streams every weight from memory once, and with the hardware prefetcher alone each
- * thread waited on memory: one decode pass of the default target's layers (int8 activations,
- * 2 threads, AVX-512 Xeon) took 62.7-67.0 ms without it and 44.8-52.8 ms with 4 KiB ahead
- * (1 KiB: 46.6-57.7, 16 KiB: 54.8-72.9), the 191 MB output projection 13.0-14.3 against
- * 8.7-10.9 ms; 5 interleaved rounds, median of 40 passes each. Numerics are untouched. */
+ * thread waited on memory: a decode pass of the default target's layers ran clearly faster
+ * with 4 KiB ahead than without, and at least as fast as with 1 or 16 KiB (AVX-512 Xeon,
+ * 2 threads, interleaved). Numerics are untouched. */
 #ifndef PF_BYTES
 #define PF_BYTES 4096
 #endif
 /* The K-quant kernels prefetch as they go: each super-block's lines PF_BYTES ahead of it. The
  * row loop's burst of a whole row's prefetches at the row's start (79 lines for a K = 8960 row
- * of Q4_K) stalled on the Zen 4: 1 row x 49152 x 8960 Q4_K from memory, 2 threads, 16-17 GB/s
- * int16 and 20-23 int8 with the burst, 21-23 and 25-30 this way; the 151936 x 1536 Q6_K
- * output matrix 24-27 against 31-33 GB/s (experiments/kernel_bench.c). Other types' rows
- * (one block of 32 per 18-34 bytes) keep the row loop's prefetch. The int16 kernels prefetch
- * into L2 only (hint T1): a row of their activations takes twice the L1 of an int8 one
- * (17.5 KiB at K = 8960), and the streamed weights then no longer evict it: Q4_K and
- * Q6_K 49152 x 8960 from memory, 5 interleaved rounds, medians 21.8 -> 26.0 and 23.8 -> 27.2
- * GB/s; the int8 kernels' medians did not move (28.0 / 27.4 at K = 1536, 31.2 / 30.2 at
- * K = 8960) and keep T0, which an AVX-512 Xeon's tuning above used. */
+ * of Q4_K) stalled on the Zen 4: more lines than the core's miss buffers hold, and the loads
+ * behind them waited (the rates before and after: bench/results/decode-zen4). Other types'
+ * rows (one block of 32 per 18-34 bytes) keep the row loop's prefetch. The int16 kernels
+ * prefetch into L2 only (hint T1): a row of their activations takes twice the L1 of an int8
+ * one (17.5 KiB at K = 8960), and the streamed weights then no longer evict it. The int8
+ * kernels keep T0, which an AVX-512 Xeon's tuning above used. */
 #define PF_BLOCK(w, bs, hint)                                                                 \
     for (int pf = 0; pf < (bs); pf += 64)                                                     \
         _mm_prefetch((const char *)(w) + PF_BYTES + pf, hint)
@@ -365,7 +361,7 @@ static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, con
 /* Weight rows [n0, n1) against mr activation rows: y[m * N + n] = dot + bias[n]. The type and
  * mr are compile-time constants inside each loop (row_dot is always inlined), so the switch and
  * the per-type constants sit outside the row loop: a K = 1536 row is only 6 super-blocks, and
- * per-row set-up cost as much as the products (measured with bench/kernel_bench.c). */
+ * per-row set-up cost as much as the products (measured with experiments/kernel_bench.c). */
 #define ROW_LOOP(fn, T, mr)                                                                   \
     for (int64_t n = n0; n < n1; n++) {                                                      \
         float out[MR];                                                                        \

@@ -4,7 +4,7 @@
  * place.
  *
  * One Python call runs every layer: in Python each layer was ~60 small torch operations and
- * 7 kernel calls (~1 ms of overhead per layer on this 2-core machine); here the threads stay
+ * 7 kernel calls, whose overhead rivalled the products on 2 cores; here the threads stay
  * in one team and meet at barriers. A layer has nine steps, each ending at one: q/k/v's
  * quantization (with the residual addition and the attention norm before it), their products,
  * attention (with rope and the cache write where each row has a slot of its own), o's
@@ -87,7 +87,8 @@ static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
 /* The cache rows of a long context do not stay in L3 between tokens (28 layers of 2000
  * positions: 115 MB in float32), and each block of keys is read from memory once, by the first
  * heads' pass over it; the other heads' passes read it from L1. Left to the hardware, one
- * thread read them at ~8 GB/s. So the next block's lines are prefetched spread over all the
+ * thread read them at a fraction of the memory's bandwidth (bench/results/decode-zen4). So the
+ * next block's lines are prefetched spread over all the
  * passes over this one, the way the weight kernels' PF_BLOCK keeps one steady stream: `lines`
  * lines from p, in `iters` steps. */
 typedef struct {

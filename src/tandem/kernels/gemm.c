@@ -23,7 +23,7 @@
 
 #define NR 4    /* weight rows per micro-kernel */
 #if TQ_AVX512 /* activation rows per micro-kernel: 8 integer accumulators (two weight rows each)
-                * and 8 float ones of 32 registers; MA 8 measured 10-30% slower */
+                * and 8 float ones of 32 registers; MA 8 measured slower */
 #define MA 4
 #else /* 8 of 16 */
 #define MA 2
@@ -231,7 +231,7 @@ static inline __attribute__((always_inline)) void micro_512(const int16_t *w,
  * them), for every flush group of fw weights in the chunk: acc += cvt(int sum) * (d * x scale).
  * acc row mi + i: activation row m + i. The offsets (mins) are gemm_mins'. Always inlined into
  * gemm_rows: alone in this file gcc 12 keeps it out of line (large-stack-frame-growth), and
- * the prompt kernel ran 3-10% slower so (Q4_K / Q6_K 2048x1536, 32-64 rows, bench). */
+ * the prompt kernel ran slower so (Q4_K / Q6_K, 32-64 rows, experiments/kernel_bench.c). */
 static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr, int ma, int fw,
                                                              const int16_t *xq, const float *xs,
                                                              int64_t K, int64_t G, int64_t k0,
@@ -432,7 +432,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
     const int q6 = type == T_Q6_K, fw = q6 && !bs ? 128 : 256;
     /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
      * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
-     * 1536x8960 ran 10-15% slower than with 64 rows read from L3 (one thread) */
+     * 1536x8960 ran slower than with 64 rows read from L3 (one thread) */
     int64_t mbs = 2097152 / (2 * K);
     mbs = mbs < 2 ? 2 : (mbs > GMB ? GMB : mbs & ~(int64_t)1);
     for (int64_t mb = 0; mb < M; mb += mbs) {
@@ -473,7 +473,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
             /* finish_rows' arithmetic (off = 0), hsum8 with four rows in the lanes: s = lo + hi,
              * then (s0 + s2) + (s1 + s3), the same additions in the same order for each row, and
              * the four results of activation row m stored together (a store per element, a
-             * cache line apart for each, had taken ~10% of a 128-row product) */
+             * cache line apart for each, had cost a visible share of a 128-row product) */
             if (nr == NR) {
                 const __m128 bias4 = bias ? _mm_loadu_ps(bias + n) : _mm_setzero_ps();
                 for (int64_t m = mb; m < me; m++) {

@@ -6,7 +6,7 @@
 
 /* s[2r + i] += madd(vector j of row r, x_i[16j..]) for j < nv and the 4 rows: the inner loop in
  * assembly because gcc 12 compiles the same C into a copy of every accumulator per step and
- * runs 1.5x slower (measured). w: the buffer at the first vector; x0, x1: activation rows. */
+ * runs markedly slower. w: the buffer at the first vector; x0, x1: activation rows. */
 static inline void micro_4x2(const int16_t *w, const int16_t *x0, const int16_t *x1, int64_t nv,
                              __m256i s[8]) {
     __m256i s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5], s6 = s[6], s7 = s[7];

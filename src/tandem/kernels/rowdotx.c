@@ -35,8 +35,8 @@
 
 #define XB 2304 /* bytes of a group's super-block */
 /* Prefetch PF_BYTES ahead, a sub-block's four lines at a time: one burst of a super-block's 36
- * lines (PF_BLOCK) left 5 rows x 49152 x 1536 from memory at 2.5-4.1 ms, spread 2.2-2.6 ms
- * (the row-major kernel 2.9-3.2; experiments/kernel_bench.c, Zen 4, 2 threads) */
+ * lines (PF_BLOCK) was slower and less steady from memory than the lines spread out
+ * (experiments/kernel_bench.c, Zen 4, 2 threads) */
 #define XPF PF_BYTES
 
 /* The GGUF Q4_K rows (N % 16 == 0, row_bytes each) into the layout above (dst: as many bytes).

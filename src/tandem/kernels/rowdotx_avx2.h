@@ -6,10 +6,9 @@
 /* XBLOCK[mr][m0]: how many of mr activation rows, from row m0, one pass over a super-block's
  * unpacked weights takes (16 vector registers: blocks of 1 to 4 rows, each size a compile-time
  * constant so that its sums stay in registers). The blocking moves no bits: each row's sums
- * and float steps are the same in any block. Measured (experiments/kernel_bench.c, 2 threads,
- * in L3, Zen 3) against the earlier fixed blocks of 3: 4 rows 1.07x (Q4_K 8960 x 1536) to
- * 1.22x (Q6_K 1536 x 8960, 64-value activation blocks), 7, 8 and 10 rows 1.05-1.15x, 1 to 3
- * rows 1.00-1.10x; blocks of 5 or 4 + 2 were no better. */
+ * and float steps are the same in any block. Against the earlier fixed blocks of 3 the row
+ * counts that split unevenly (4, 7, 8, 10) gained most; blocks of 5 or 4 + 2 were no better
+ * (bench/results/verify-row-blocks). */
 #ifndef XBLOCK_TABLE
 #define XBLOCK_TABLE {{0}, {1}, {2}, {3}, {4}, {3, 0, 0, 2}, {3, 0, 0, 3}, {4, 0, 0, 0, 3}, \
                       {4, 0, 0, 0, 4}, {3, 0, 0, 3, 0, 0, 3}, {4, 0, 0, 0, 3, 0, 0, 3}}

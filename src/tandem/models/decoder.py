@@ -264,9 +264,9 @@ def attend_row(q: Tensor, kc: Tensor, vc: Tensor, n: int, scale: float | None = 
     scores' (default D ** -0.5). n beyond pos + 1: an image's row sees the whole image.
 
     Three small batched products (grouped heads share their key/value head) instead of
-    scaled_dot_product_attention, whose CPU kernel costs ~0.3 ms per call for one query (measured
-    on the 1.5B target at 500 positions; this is ~5x less). The same function computes every
-    decode and verification row, so both give the same bits.
+    scaled_dot_product_attention, whose CPU kernel's fixed cost per call outweighs one query's
+    work. The same function computes every decode and verification row, so both give the same
+    bits.
     """
     hkv, d = kc.shape[0], kc.shape[-1]
     pos = n - 1 if pos is None else pos
@@ -468,8 +468,8 @@ class Transformer(nn.Module):
     @property
     def full_speed_rows(self) -> int:
         """The fewest rows with which a pass reads a prompt at full speed: the prompt kernel's
-        threshold where the native layers run it (fewer rows take the row-by-row kernel, ~1.4x
-        the time per row), else 1."""
+        threshold where the native layers run it (fewer rows take the row-by-row kernel, slower
+        per row), else 1."""
         n = self.numerics
         if n.native_layers and n.prompt_kernel and kernels.available():
             return kernels.prompt_rows(True)

@@ -2,7 +2,7 @@
 
 The header is parsed here with `struct` over a read-only memory map instead of with
 `gguf.GGUFReader`, which builds several numpy views per array element: for a 150k-token
-vocabulary (tokens + merges) that takes 10-40 s, this parser well under a second. Types and block
+vocabulary (tokens + merges) that takes tens of seconds, this parser well under one. Types and block
 sizes come from the `gguf` package. Values equal `GGUFReader`'s `field.contents()`.
 
 Layout (GGUF v2/v3, all integers in the file's byte order, strings as u64 length + UTF-8 bytes):

@@ -13,7 +13,7 @@ as read there and checked by experiment on torch 2.13 (this machine runs its AVX
 - each weight is dequantized in float32 as (q - 8) * s + z: z is the value at the middle of the
   16-level grid, not an integer zero point (AVX-512: fma(q - 8, s, z); AVX2: fma(q, s, z - 8 s)).
 - activations: 2-D contiguous; only bf16 has a vectorized kernel (fp16/fp32 run a scalar loop,
-  ~15x slower); products accumulate in float32 and the output is rounded to bf16. M is processed
+  far slower); products accumulate in float32 and the output is rounded to bf16. M is processed
   in blocks of 4 rows, each block dequantizing the weights again.
 
 A GGUF Q4_0 / Q4_1 / Q4_K group of 32 weights is `w = scale * q + offset` with q in 0..15, so it
