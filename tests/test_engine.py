@@ -126,7 +126,7 @@ def test_eos_ends_generation_unless_ignored(models):
     assert eos in tok.eog_ids
     for ignore in (False, True):
         seq = e.add(Request([5, 6, 7], SamplingParams(n_predict=10, ignore_eos=ignore, **GREEDY)))
-        e._append(seq, [40, eos, 41], 2, "ngram")  # as if verification returned these three tokens
+        seq.append([40, eos, 41], 2, "ngram", tok.eog_ids, e.cfg.ctx_size, e.cfg.context_shift)  # as if verification returned these three tokens
         e.release(seq)
         if ignore:
             assert seq.output == [40, eos, 41] and not seq.done

@@ -204,7 +204,7 @@ def test_a_prompt_chunk_beside_running_streams_takes_twice_their_time(target):
 def test_without_measured_costs_a_chunk_is_the_smallest_that_reads_at_speed(target):
     e = _engine(target, n_parallel=1, batch=512)  # one slot, no speculation: nothing timed
     assert not e.costs.verify and e.costs.prompt_token is None
-    assert e._prompt_share(2, 500) == max(1, target.model.full_speed_rows - 2)
+    assert e.scheduler.prompt_share(2, 500, e.costs) == max(1, target.model.full_speed_rows - 2)
     # several slots: the first request times the passes the scheduler needs, even without
     # speculation (one row per slot, and a prompt chunk)
     e = _engine(target, n_parallel=3, batch=512)
@@ -218,7 +218,7 @@ def test_prompt_order_is_least_slack_first():
     ahead of a newer, shorter one, so a stream of short prompts cannot hold a long one back."""
     from types import SimpleNamespace as W
 
-    from tandem.schedule import prompt_order
+    from tandem.engine.scheduler import prompt_order
 
     long_, short = W(n_prompt=301, prefill_at=0, t_start=10.0), W(n_prompt=21, prefill_at=0,
                                                                     t_start=10.001)

@@ -275,7 +275,7 @@ def test_a_fresh_pool_calibration_starts_from_what_the_own_drafts_showed():
         od = own.draft(4, 100)
         if not od.ids:  # no longer worth verifying
             break
-        assert od.ids[0] == 50 + i and od.conf[0] == conf and own._ctl is own.entries[0].controller
+        assert od.ids[0] == 50 + i and od.conf[0] == conf and own.entries[0].used is own.entries[0].controller
         own.accept(od, 0, [99])
         failed += 1
     own_p = shared.learned[OWN][1].p(conf)
@@ -325,11 +325,11 @@ class _LazyDraft:
     def begin(self, prompt_ids):
         self.tokens, self.seen = list(prompt_ids), 0
 
-    def unseen(self):
+    def behind(self):
         return len(self.tokens) - self.seen
 
-    def prepare(self, limit=None):
-        fed = self.unseen() if limit is None else min(limit, self.unseen())
+    def catch_up(self, limit=None):
+        fed = self.behind() if limit is None else min(limit, self.behind())
         self.seen += fed
         return fed
 
@@ -339,7 +339,7 @@ class _LazyDraft:
         return Draft([1] * k, None, [0.9] * k)
 
     def accept(self, n_accepted, new_ids):
-        caught_up = self.unseen() <= 2
+        caught_up = self.behind() <= 2
         self.tokens += new_ids
         if caught_up:  # it read the draft's tokens: all but the target's own one
             self.seen = len(self.tokens) - 1
@@ -353,7 +353,8 @@ class _LazyDraft:
 
 def _lazy_speculator(lengths: list[int], tried: int = 50):
     from tandem.speculative.controller import CostModel
-    from tandem.speculative.speculator import Speculation, Speculator, _Entry
+    from tandem.speculative.drafters import ModelDrafter
+    from tandem.speculative.speculator import Speculation, Speculator
     from tandem.speculative.stats import SpecStats
 
     shared = Speculation(None, None, prefill_chunk=512)
@@ -365,13 +366,13 @@ def _lazy_speculator(lengths: list[int], tried: int = 50):
     proposer = _LazyDraft()
     proposer.begin(list(range(100, 300)))  # a 200-token prompt it has not read
     ctl = Controller(shared.costs, n_max=4, acceptance=shared.draft_history)
-    return Speculator(shared, [_Entry(proposer, ctl)], SpecStats()), proposer
+    return Speculator(shared, [ModelDrafter(proposer, ctl)], SpecStats()), proposer
 
 
 def _generate(spec, proposer, n: int) -> None:
     while spec.produced < n:
         d = spec.draft(4, 256 - spec.produced)
-        if proposer.read_at is None and proposer.unseen() <= 2:
+        if proposer.read_at is None and proposer.behind() <= 2:
             proposer.read_at = spec.produced
         spec.accept(d, len(d.ids), d.ids + [7])
 
@@ -384,7 +385,7 @@ def test_a_fresh_server_bets_a_draft_models_catch_up_on_what_the_answer_has_show
     once."""
     fresh, p = _lazy_speculator([])
     _generate(fresh, p, 1)
-    assert p.read_at is None and p.unseen() > 100  # a short answer never paid the catch-up
+    assert p.read_at is None and p.behind() > 100  # a short answer never paid the catch-up
     _generate(fresh, p, 60)
     assert p.read_at is not None and 5 <= p.read_at <= 30
     known, q = _lazy_speculator([240, 250, 256])  # earlier answers ran long
@@ -400,7 +401,7 @@ def test_a_draft_model_never_tried_is_judged_hopefully_until_it_has_shown_its_ac
     and its real acceptance never learned. The catch-up is judged one standard deviation
     above the estimate: hopeful while nothing is known, the estimate itself once the draft
     has shown what it does, and a draft that keeps failing is not read in again."""
-    from tandem.speculative import speculator
+    from tandem.speculative import drafters
     from tandem.speculative.controller import CostModel
 
     def judge(tried: int, accepted: int) -> bool:
@@ -410,11 +411,11 @@ def test_a_draft_model_never_tried_is_judged_hopefully_until_it_has_shown_its_ac
             draft_token=0.0106, draft_prefill_token=0.00234)
         for _ in range(tried):
             spec.shared.draft_history.update(4, accepted)
-        return spec._catch_up_pays(4, 200, 70)
+        return drafters.catch_up_pays(spec, 4, 200, 70)
 
     assert judge(0, 0)  # never tried: tried now
     assert not judge(300, 0)  # its tokens were refused: not read in again
     assert judge(300, 4)
-    monkeypatch.setattr(speculator, "CATCH_UP_OPTIMISM", 0.0)
+    monkeypatch.setattr(drafters, "CATCH_UP_OPTIMISM", 0.0)
     assert not judge(0, 0)  # at the prior's mean it would never have been tried
     assert judge(300, 4)  # what it showed decides alike either way

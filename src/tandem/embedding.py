@@ -1,5 +1,5 @@
-"""The target's final-normed hidden states for an input, pooled (Engine.embed): what llama-server's
-/embeddings and /rerank read.
+"""The target's final-normed hidden states for an input, pooled (`Embedder.embed`): what
+llama-server's /embeddings and /rerank read.
 
 "none" (T, dim): one row per token; "mean", "cls" (the first token's) or "last" (the last
 token's, the one that has read the whole input in a causal model) (dim,). The input is read into
@@ -16,40 +16,49 @@ from __future__ import annotations
 
 import torch
 
+from .config import EngineConfig
 from .errors import TandemError
 from .models.decoder import KVCache
+from .models.loader import LoadedModel
 
 POOLINGS = ("none", "mean", "cls", "last")
 
 
-def longest(engine, pooling: str) -> int:
+def longest(cfg: EngineConfig, pooling: str) -> int:
     """The most tokens an input pooled this way may have: a slot's context for "last", else
     --batch-size."""
-    return engine.cfg.ctx_size if pooling == "last" else engine.cfg.batch_size
+    return cfg.ctx_size if pooling == "last" else cfg.batch_size
 
 
-def embed(engine, ids: list[int], pooling: str) -> torch.Tensor:
-    if pooling not in POOLINGS:
-        raise TandemError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
-    n, chunk, most = len(ids), engine.cfg.batch_size, longest(engine, pooling)
-    if not 0 < n <= most:
-        raise TandemError(f"an embedding input of {n} tokens; 1..{most} fit ("
-                          + ("a slot's context" if pooling == "last" else "--batch-size")
-                          + ", pooling " + pooling + ")")
-    k_dtype, v_dtype = engine.cache.k.dtype, engine.cache.v.dtype
-    model = engine.target.model
-    if n > chunk:  # "last": chunks into a cache of this input's length
-        cache = KVCache(engine.target.args, 1, n + 1, k_dtype, v_dtype=v_dtype)
-        for s in range(0, n, chunk):
-            part = ids[s:s + chunk]
-            h = model(torch.tensor([part]), cache, [0], [s], logits="hidden")[0]  # its last row
-            cache.append(0, part)
-        return h
-    scratch = getattr(engine, "_embed_cache", None)
-    if scratch is None:
-        scratch = engine._embed_cache = KVCache(engine.target.args, 1, chunk + 1, k_dtype,
-                                                v_dtype=v_dtype)
-    h = model(torch.tensor([ids]), scratch, [0], [0], logits="hidden_all")[0]
-    if pooling == "none":
-        return h
-    return {"mean": h.mean(0), "cls": h[0], "last": h[-1]}[pooling]
+class Embedder:
+    """Embeddings from `target`, its scratch caches laid out as the slots' `cache`."""
+
+    def __init__(self, target: LoadedModel, cache: KVCache) -> None:
+        self.target, self.cache = target, cache
+        self._scratch: KVCache | None = None
+
+    def _cache(self, n: int) -> KVCache:
+        return KVCache(self.target.args, 1, n + 1, self.cache.k.dtype, v_dtype=self.cache.v.dtype)
+
+    def embed(self, ids: list[int], pooling: str, cfg: EngineConfig) -> torch.Tensor:
+        if pooling not in POOLINGS:
+            raise TandemError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
+        n, chunk, most = len(ids), cfg.batch_size, longest(cfg, pooling)
+        if not 0 < n <= most:
+            raise TandemError(f"an embedding input of {n} tokens; 1..{most} fit ("
+                              + ("a slot's context" if pooling == "last" else "--batch-size")
+                              + ", pooling " + pooling + ")")
+        model = self.target.model
+        if n > chunk:  # "last": chunks into a cache of this input's length
+            cache = self._cache(n)
+            for s in range(0, n, chunk):
+                part = ids[s:s + chunk]
+                h = model(torch.tensor([part]), cache, [0], [s], logits="hidden")[0]  # last row
+                cache.append(0, part)
+            return h
+        if self._scratch is None:
+            self._scratch = self._cache(chunk)
+        h = model(torch.tensor([ids]), self._scratch, [0], [0], logits="hidden_all")[0]
+        if pooling == "none":
+            return h
+        return {"mean": h.mean(0), "cls": h[0], "last": h[-1]}[pooling]

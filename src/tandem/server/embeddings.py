@@ -97,7 +97,7 @@ async def _embed(http: HttpRequest, oai: bool) -> tuple[ServerState, EmbeddingBo
 def check_fits(engine, prompts: list[list[int]], what: str, pooling: str) -> None:
     """Each input within what Engine.embed reads (embedding.longest), with llama-server's
     errors: pooled "last", a slot's context (read in chunks); else one pass."""
-    most = longest(engine, pooling)
+    most = longest(engine.cfg, pooling)
     for i, ids in enumerate(prompts):
         if len(ids) <= most:
             continue

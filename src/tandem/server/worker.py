@@ -1,6 +1,6 @@
-"""The one thread that owns the Engine: admits queued requests into free slots, steps every
-active slot together (one batched target forward per step), and hands each request its text
-as it becomes safe to show, then its final result.
+"""The one thread that owns the Engine: hands queued requests to its scheduler, has it admit
+what free slots can take, steps every active slot together (one batched target forward per
+step), and hands each request its text as it becomes safe to show, then its final result.
 
 The HTTP side never touches the engine. It submits a Job and reads the Job's asyncio queue;
 the worker pushes events into that queue with loop.call_soon_threadsafe:
@@ -114,13 +114,16 @@ class QueueFull(Exception):
 
 
 class Worker:
-    """Owns `engine`; `submit` and `cancel` are the only calls from other threads."""
+    """Owns `engine`; `submit` and `cancel` are the only calls from other threads. The engine's
+    scheduler decides who waits and who runs (engine/scheduler.py); the worker only moves
+    jobs in (its inbox, a thread-safe queue) and their events out."""
 
     def __init__(self, engine: Engine, metrics: Metrics, max_queue: int) -> None:
         self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
         self._cond = threading.Condition()
-        self._pending: deque[Job] = deque()
-        self._running: dict[int, Job] = {}  # slot -> job
+        self._inbox: deque[Job] = deque()  # submitted, not yet handed to the engine
+        self._jobs: dict[int, Job] = {}  # id(seq) -> job, for the engine's sequences
+        self._waiting = 0  # of them, waiting for a slot (read by submit)
         self._calls: deque[tuple] = deque()  # (fn, future): run on this thread between steps
         self._stopping = False
         self._slots_view: list[dict] = []
@@ -145,23 +148,22 @@ class Worker:
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            waiting = len(self._pending)
+            waiting = len(self._inbox) + self._waiting
             if waiting and waiting + len(jobs) > self.max_queue:
                 raise QueueFull(
                     f"the server is busy: all {len(self.engine.slots)} slot(s) are generating and "
                     f"{waiting} request(s) are already waiting (the most it queues, "
                     "--queue-size); retry later")
-            self._pending.extend(jobs)
-            self.metrics.queue(len(self._running), len(self._pending))
+            self._inbox.extend(jobs)
+            self.metrics.queue(len(self._jobs) - self._waiting, waiting + len(jobs))
             self._cond.notify_all()
 
     def cancel(self, job: Job) -> None:
         with self._cond:
             job.cancelled = True
-            if job in self._pending:
-                self._pending.remove(job)
+            if job in self._inbox:
+                self._inbox.remove(job)
                 job.finished = True
-                self.metrics.queue(len(self._running), len(self._pending))
             self._cond.notify_all()
 
     def call(self, fn) -> concurrent.futures.Future:
@@ -184,7 +186,7 @@ class Worker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._pending or self._running or self._calls):
+                while not (self._stopping or self._inbox or self._jobs or self._calls):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -197,11 +199,12 @@ class Worker:
 
     def _iterate(self) -> None:
         self._run_calls()
+        self._take_inbox()
         self._expire()
-        while (job := self._next_admissible()) is not None:
-            self._admit(job)
         self._reap_cancelled()
-        if self._running:
+        while (seq := self.engine.next_admissible()) is not None:
+            self._admit(self._jobs[id(seq)])
+        if self.engine.active():
             self._step()
         else:  # only jobs waiting for a slot someone else holds: do not spin
             with self._cond:
@@ -220,59 +223,55 @@ class Worker:
                 except BaseException as e:  # handed to the caller, who answers with it
                     fut.set_exception(e)
 
-    def busy(self, slot: int) -> bool:
-        """Whether a request holds `slot` (worker thread only)."""
-        return slot in self._running
-
-    def _next_admissible(self) -> Job | None:
-        """The oldest pending job whose slot (any, or the one it asked for) is free."""
+    def _take_inbox(self) -> None:
+        """Hand the new jobs' requests to the engine's waiting list (a request the engine
+        refuses fails now)."""
         with self._cond:
-            for job in self._pending:
-                if self._slot_for(job.request) is not None:
-                    self._pending.remove(job)
-                    return job
-                if job.request.id_slot < 0:
-                    return None  # first come, first served for jobs that take any slot
-        return None
-
-    def _slot_for(self, req: Request) -> int | None:
-        """A free slot for req: its own id_slot, else the free slot whose cache shares the
-        longest prefix with the prompt (so cache_prompt can reuse it), else the first free."""
-        if req.id_slot >= 0:
-            return self.engine.free_slot(req.id_slot)
-        free = [i for i, s in enumerate(self.engine.slots) if s is None]
-        if not free:
-            return None
-        if not req.cache_prompt:
-            return free[0]
-        cache = self.engine.cache
-        return max(free, key=lambda i: cache.common_prefix(i, req.prompt_ids[:-1]))
+            jobs = list(self._inbox)
+            self._inbox.clear()
+        for job in jobs:
+            try:
+                job.seq = self.engine.submit(job.request)
+            except TandemError as e:
+                job.push(Failed(ApiError(400, str(e))))
+                continue
+            except Exception as e:
+                log.error("request %d failed while processing its prompt:\n%s", job.id,
+                          traceback.format_exc())
+                job.push(Failed(ApiError(500, f"internal error while processing the prompt: "
+                                              f"{e}")))
+                continue
+            self._jobs[id(job.seq)] = job
+        self._queue_gauges()
 
     def _admit(self, job: Job) -> None:
-        req = job.request
-        req.id_slot = self._slot_for(req)
+        seq = job.seq
         try:
-            seq = self.engine.add(req)
+            self.engine.start(seq)
         except TandemError as e:
+            self._jobs.pop(id(seq))
             job.push(Failed(ApiError(400, str(e))))
             return
         except Exception as e:
+            self._jobs.pop(id(seq))
             log.error("request %d failed while processing its prompt:\n%s", job.id,
                       traceback.format_exc())
             job.push(Failed(ApiError(500, f"internal error while processing the prompt: {e}")))
             return
-        job.seq = seq
         if job.progress:
             self._push_progress(job)
         if seq.done:  # n_predict 0: nothing to generate
             self._finish(job)
         else:
             self.metrics.prompt()
-            self._running[seq.slot] = job
         self._queue_gauges()
 
+    def _running(self) -> list[Job]:
+        """The jobs whose sequences hold a slot."""
+        return [j for j in self._jobs.values() if j.seq.slot >= 0]
+
     def _step(self) -> None:
-        n_active = len(self._running)
+        n_active = len(self._running())
         try:
             seqs = self.engine.step()
         except Exception as e:
@@ -280,11 +279,11 @@ class Worker:
             self._fail_running(ApiError(500, f"internal error while generating: {e}"))
             return
         self.metrics.step(n_active)
-        for job in list(self._running.values()):
+        for job in self._running():
             if job.progress and job.reported < job.seq.n_prompt:
                 self._push_progress(job)
         for seq in seqs:
-            job = self._running.get(seq.slot)
+            job = self._jobs.get(id(seq))
             if job is None:
                 continue
             if job.stream:
@@ -292,7 +291,6 @@ class Worker:
             if seq.done:
                 self._finish(job)
         self._queue_gauges()
-
     def _push_delta(self, job: Job, seq: Sequence) -> None:
         n = seq.n_new
         text = seq.take_text()
@@ -322,7 +320,7 @@ class Worker:
     def _finish(self, job: Job) -> None:
         seq = job.seq
         self.engine.release(seq)
-        self._running.pop(seq.slot, None)
+        self._jobs.pop(id(seq), None)
         if seq.error:  # the engine could not go on (--kv-unified: the shared context is full)
             log.info("request %d failed: %s", job.id, seq.error)
             job.push(Failed(ApiError(500, seq.error)))
@@ -336,50 +334,49 @@ class Worker:
             job.push(Failed(ApiError(500, f"internal error while building the result: {e}")))
 
     def _reap_cancelled(self) -> None:
-        for slot, job in list(self._running.items()):
+        for job in list(self._jobs.values()):
             if job.cancelled:
                 self.engine.cancel(job.seq)
-                del self._running[slot]
+                del self._jobs[id(job.seq)]
                 job.finished = True
-                log.info("request %d cancelled (client went away); slot %d freed", job.id, slot)
+                if job.seq.slot >= 0:
+                    log.info("request %d cancelled (client went away); slot %d freed", job.id,
+                             job.seq.slot)
         self._queue_gauges()
 
     def _expire(self) -> None:
         now = time.monotonic()
-        with self._cond:
-            late = [j for j in self._pending if j.deadline <= now]
-            for j in late:
-                self._pending.remove(j)
-        for j in late:
-            j.push(Failed(_timeout(j, "waiting for a free slot")))
-        for slot, job in list(self._running.items()):
+        for job in list(self._jobs.values()):
             if job.deadline <= now:
+                what = "generating" if job.seq.slot >= 0 else "waiting for a free slot"
                 self.engine.cancel(job.seq)
-                del self._running[slot]
-                job.push(Failed(_timeout(job, "generating")))
+                del self._jobs[id(job.seq)]
+                job.push(Failed(_timeout(job, what)))
 
     def _fail_running(self, error: ApiError) -> None:
-        for slot, job in list(self._running.items()):
-            if job.seq is not None:
-                self.engine.cancel(job.seq)
+        for job in self._running():
+            self.engine.cancel(job.seq)
+            del self._jobs[id(job.seq)]
             job.push(Failed(error))
-        self._running.clear()
         self._queue_gauges()
 
     def _queue_gauges(self) -> None:
         with self._cond:
-            self.metrics.queue(len(self._running), len(self._pending))
+            self._waiting = sum(j.seq.slot < 0 for j in self._jobs.values())
+            self.metrics.queue(len(self._jobs) - self._waiting,
+                               len(self._inbox) + self._waiting)
 
     def _publish(self) -> None:
-        self._slots_view = [slot_view(self.engine, i, self._running.get(i))
+        running = {j.seq.slot: j for j in self._running()}
+        self._slots_view = [slot_view(self.engine, i, running.get(i))
                             for i in range(len(self.engine.slots))]
 
     def _shutdown(self) -> None:
         with self._cond:
-            pending = list(self._pending)
-            self._pending.clear()
+            pending = list(self._inbox)
+            self._inbox.clear()
         error = ApiError(503, "the server is shutting down")
-        for job in pending:
+        for job in pending + [j for j in self._jobs.values() if j.seq.slot < 0]:
             job.push(Failed(error))
         self._fail_running(error)
         with self._cond:

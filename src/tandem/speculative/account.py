@@ -1,8 +1,8 @@
 """A request's account under auto: never more than RISK behind the target alone, by the costs.
 
 auto's controllers verify the draft whose expected gain is largest, and over many drafts the
-expectation holds. On a short answer it need not: an 18-token translation that verified two
-2-token drafts and kept neither took 4.5% longer than decoding alone, a bet with a positive
+expectation holds. On a short answer it need not: a short translation that verified two
+2-token drafts and kept neither took longer than decoding alone, a bet with a positive
 expectation lost with nothing yet won to cover it. So each request keeps an account in the
 `CostModel`'s seconds:
 

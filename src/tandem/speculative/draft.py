@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import SamplingParams
+from ..grammar import Guide
 from ..models.decoder import KVCache, Transformer
 from ..sampling import logits_to_probs, sample
 from .proposer import Draft
@@ -106,7 +107,7 @@ class DraftModelProposer:
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
                  prefill_chunk: int = 512, window: int = 0, vocab: int = 0,
                  lazy: bool = False, banned: tuple[int, ...] = (),
-                 rejection: bool = False) -> None:
+                 rejection: bool = False, guide: Guide | None = None) -> None:
         self.model, self.cache, self.slot = model, cache, slot
         self.rejection = rejection and not sampling.greedy  # drafts drawn, verified against q
         # ids never proposed: the end-of-generation tokens of a request that ignores EOS,
@@ -121,9 +122,9 @@ class DraftModelProposer:
         self.sampling, self.gen = sampling, gen
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.tokens: list[int] = []
-        # the request's grammar (grammar.Guide): each token is drawn from the draft's
-        # distribution with what the grammar forbids removed, so q is masked as the target's p
-        self.guide = None
+        # the request's grammar: each token is drawn from the draft's distribution with what
+        # the grammar forbids removed, so q is masked as the target's p
+        self.guide = guide
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Take the prompt and process it now, during prompt time, as the target does: all but
@@ -152,7 +153,7 @@ class DraftModelProposer:
             self.model(torch.tensor([part]), self.cache, [self.slot], [start], logits="none")
             self.cache.append(self.slot, part)
 
-    def prepare(self, limit: int | None = None) -> int:
+    def catch_up(self, limit: int | None = None) -> int:
         """Catch up now on the tokens not yet seen but the last (which propose feeds, for its
         logits), in prompt chunks, at most `limit` of them; returns how many were fed."""
         ids = self.tokens[self._seen():-1]
@@ -165,7 +166,7 @@ class DraftModelProposer:
         """Tokens of the sequence the draft's cache accounts for (skipped ones included)."""
         return self.base + self.cache.length(self.slot)
 
-    def unseen(self) -> int:
+    def behind(self) -> int:
         """Tokens the next propose must feed before drafting (1 or 2 after a verification)."""
         return len(self.tokens) - self._seen()
 
@@ -193,8 +194,8 @@ class DraftModelProposer:
         k = min(k, self.n_max, self.cache.max_len - (len(self.tokens) - self.base) - 1)
         if k <= 0 or k < self.n_min:
             return Draft([])
-        if self.unseen() > self.prefill_chunk:  # a long catch-up goes in prompt chunks
-            self.prepare()
+        if self.behind() > self.prefill_chunk:  # a long catch-up goes in prompt chunks
+            self.catch_up()
         logits = self._feed(self.tokens[self._seen():])
         ids: list[int] = []
         rows: list[torch.Tensor] = []

@@ -57,10 +57,16 @@ class NgramProposer:
         """Nothing to do: it matches the end of its own copy of the tokens, which a shift
         leaves as it is; the dropped tokens stay text it may repeat."""
 
+    def behind(self) -> int:
+        return 0  # it reads each token as it arrives
+
+    def catch_up(self, limit: int | None = None) -> int:
+        return 0
+
     def end(self) -> None:
         pass
 
-    def propose(self, k: int) -> Draft:
+    def propose(self, k: int, extend=None) -> Draft:
         s = self.tokens
         want = min(self.m, k)
         if want <= 0:

@@ -9,6 +9,7 @@ One iteration of the engine, for one slot:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -51,11 +52,10 @@ class Proposer(Protocol):
 
     free: True when proposing costs next to nothing (n-gram, suffix: the controller may look at
     a whole draft before deciding how much of it to verify), False when each token costs a
-    model pass (the draft model: the controller decides whether to draft, and its
-    `propose(k, extend)` asks `extend(confidences so far)` after each token whether to draft
-    on). A costly proposer that reads the prompt lazily also has `unseen()` (tokens it has not read yet) and
-    `prepare()` (read them now, in prompt chunks; returns how many). kind: the name its accepted
-    tokens are reported under ("draft" for the draft model; "suffix", "ngram": repetition)."""
+    model pass (the draft model: the controller decides whether to draft, and `propose(k,
+    extend)` asks `extend(confidences so far)` after each token whether to draft on).
+    kind: the name its accepted tokens are reported under ("draft" for the draft model;
+    "suffix", "ngram": repetition). How each kind's drafts are sized is drafters.py's."""
 
     free: bool
     kind: str
@@ -64,13 +64,24 @@ class Proposer(Protocol):
         """Start a new sequence whose tokens so far are prompt_ids (forgets any earlier one)."""
         ...
 
-    def propose(self, k: int) -> Draft:
-        """Up to k tokens that may follow the sequence so far; k <= 0 gives an empty draft."""
+    def propose(self, k: int, extend: Callable[[list[float]], bool] | None = None) -> Draft:
+        """Up to k tokens that may follow the sequence so far; k <= 0 gives an empty draft.
+        A costly proposer asks extend(confidences so far), if given, before each further
+        token; a free one drafts its most and ignores it."""
         ...
 
     def accept(self, n_accepted: int, new_ids: list[int]) -> None:
         """The target kept the first n_accepted draft tokens; new_ids were appended to the
         sequence this iteration (those accepted tokens followed by the target's own token)."""
+        ...
+
+    def behind(self) -> int:
+        """Tokens of the sequence it has not read yet (a lazy draft model that has not read the
+        prompt, or fell behind while idle); 0 for one that reads tokens as they arrive."""
+        ...
+
+    def catch_up(self, limit: int | None = None) -> int:
+        """Read up to `limit` (None: all) of the tokens it is behind now; how many it read."""
         ...
 
     def shift(self, keep: int, discard: int) -> None:

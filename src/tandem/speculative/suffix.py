@@ -153,8 +153,8 @@ class SuffixPool:
     """Earlier outputs, shared by every slot, under a budget of `max_tokens`, kept in two
     generations of at most half the budget each. An output joins the newer one; when that is
     full, the older generation is dropped whole and the newer one becomes the older, so no
-    index is ever rebuilt (dropping costs nothing, while rebuilding 12k tokens' index took a
-    step ~0.3 s). An output of the older generation that supplies a draft is copied into the
+    index is ever rebuilt (dropping costs nothing, while rebuilding a full pool's index would
+    stall the step that does it). An output of the older generation that supplies a draft is copied into the
     newer one (once): what keeps being used stays, the least recently used leaves first."""
 
     def __init__(self, max_tokens: int, depth: int = DEPTH) -> None:
@@ -231,7 +231,7 @@ class SuffixProposer:
     def accept(self, n_accepted: int, new_ids: list[int]) -> None:
         self.index.extend(new_ids)
 
-    def propose(self, k: int) -> Draft:
+    def propose(self, k: int, extend=None) -> Draft:
         """The draft of the request's own tokens or of the pool, whichever is expected (by its
         confidences) to yield more."""
         own, pooled = self.options(k)
@@ -273,6 +273,12 @@ class SuffixProposer:
     def shift(self, keep: int, discard: int) -> None:
         """Nothing to do: the dropped tokens stay earlier text it may match, and its matches
         are taken at its own end, which a shift leaves as it is."""
+
+    def behind(self) -> int:
+        return 0  # it reads each token as it arrives
+
+    def catch_up(self, limit: int | None = None) -> int:
+        return 0
 
     def end(self) -> None:
         """The sequence is over: its output joins the pool."""

@@ -4,17 +4,18 @@ so far (`Sequence`: tokens, text held back before a possible stop string, statis
 from __future__ import annotations
 
 import random
-
+import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingParams, SpecConfig
-from .grammar import Guide
-from .media import Media
-from .sampling import TokenLogprobs
-from .speculative.speculator import Speculator
-from .speculative.stats import SpecStats
+from ..config import SamplingParams, SpecConfig
+from ..grammar import Guide
+from ..media import Media
+from ..sampling import TokenLogprobs
+from ..speculative.speculator import Speculator
+from ..speculative.stats import SpecStats
 
 
 @dataclass(slots=True)
@@ -39,7 +40,8 @@ class Request:
 
 @dataclass(slots=True)
 class Sequence:
-    """One request in a slot: its tokens, text, stop state and statistics."""
+    """One request: waiting for a slot (slot -1), then in its slot: its tokens, text, stop
+    state and statistics."""
 
     req: Request
     slot: int
@@ -86,6 +88,58 @@ class Sequence:
     def gen_steps(self) -> int:
         """Tokens generated after the first: what predicted_ms timed."""
         return max(len(self.output) - 1, 0)
+
+    def append(self, new: list[int], n_from_draft: int, source: str, eog: Collection[int],
+               ctx_size: int, context_shift: bool) -> None:
+        """The tokens one pass gave (the first n_from_draft of them drafted by `source`), up
+        to the first that ends the generation: an end-of-generation id (in eog), a stop
+        string, n_predict, or a full context (unless it shifts)."""
+        sp = self.req.sampling
+        # with a grammar, an EOG token comes only where the grammar allows nothing else: its end
+        eog = () if sp.ignore_eos and self.guide is None else eog
+        self.n_new = 0
+        if not self.output and new:  # the first token ends the prompt's time
+            self.t_gen_start = time.perf_counter()
+            self.t_prompt_ms = 1e3 * (self.t_gen_start - self.t_start)
+        for j, t in enumerate(new):
+            self.tokens.append(t)
+            self.output.append(t)
+            self.origins.append(source if j < n_from_draft else "target")
+            self.n_new += 1
+            self.text += "" if t in eog else self.detok.push(t)
+            self.ends.append(len(self.text))
+            if t in eog:
+                self.stop_type = "eos"
+            elif sp.stop and self._check_stop():
+                pass
+            elif sp.n_predict >= 0 and len(self.output) >= sp.n_predict:
+                self.stop_type = "limit"
+            elif len(self.tokens) >= ctx_size and not context_shift:
+                self.stop_type = "limit"
+            if self.done:
+                break
+        if self.done and self.stop_type != "word":
+            self.text += self.detok.flush()
+            if sp.stop:
+                self._check_stop()
+        self.t_gen_ms = 1e3 * (time.perf_counter() - self.t_gen_start)
+
+    def finish(self, why: str, error: str = "") -> None:
+        """End the generation (why: a stop_type), the decoder's held-back text flushed."""
+        self.stop_type, self.error = why, error
+        self.text += self.detok.flush()
+
+    def _check_stop(self) -> bool:
+        """Cut the text at the first stop string that appears in what is not yet emitted."""
+        text = self.text
+        for s in self.req.sampling.stop:
+            i = text.find(s, max(0, self.emitted - len(s)))
+            if i >= 0:
+                self.text = text[:i]
+                self.stop_type = "word"
+                self.stopping_word = s
+                return True
+        return False
 
     def take_text(self) -> str:
         """Text that is safe to stream now: never part of a possible stop string."""
