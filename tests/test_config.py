@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,27 @@ def test_request_schema_defaults_are_the_sampling_defaults():
     assert (body.temperature, body.top_k, body.top_p, body.min_p, body.seed) == \
         (d.temperature, d.top_k, d.top_p, d.min_p, d.seed)
     assert body.speculative == {"speculative.n_max": 2}
+
+
+# -- docs/flags.md, written from the same metadata ------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
+
+
+def test_docs_flags_md_is_what_the_metadata_writes_now():
+    """A new, renamed or changed flag without `python -m tandem.flagsdoc > docs/flags.md`."""
+    from tandem import flagsdoc
+
+    assert DOC.read_text(encoding="utf-8") == flagsdoc.render(), \
+        "docs/flags.md is stale: run python -m tandem.flagsdoc > docs/flags.md"
+
+
+def test_every_serve_flag_is_in_docs_flags_md():
+    from tandem.cli import build_parser
+
+    text = DOC.read_text(encoding="utf-8")
+    serve = build_parser().commands["serve"]
+    missing = [s for a in serve._actions for s in a.option_strings
+               if s not in ("-h", "--help") and f"`{s}`" not in text]
+    assert missing == []
+    assert "Tandem's attention is its own exact kernel" in text  # the no-effect table's reasons

@@ -419,6 +419,45 @@ def test_a_bad_tools_flag_stops_the_start(built):
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
 
 
+# -- the agent extra: optional, never imported when off -----------------------------------
+
+def test_a_plain_server_never_imports_the_agent_package(built):
+    code = ("import sys\n"
+            "sys.modules['wcmatch'] = None  # as where the extra is not installed\n"
+            "from tandem.cli import build_parser\n"
+            "from tandem.server import cli\n"
+            "from tandem.server.app import create_app\n"
+            "from tandem.server.state import ServerState\n"
+            "a = build_parser().commands['serve'].parse_args(['--model', sys.argv[1]])\n"
+            "create_app(ServerState(cli._settings(a)))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tandem.agent')))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(built.path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+@pytest.mark.parametrize("flag", [["--tools", "all"], ["--ui-mcp-proxy"], ["--agent"]])
+def test_without_the_agent_extra_serve_stops_at_once_naming_it(built, flag):
+    code = ("import sys\n"
+            "sys.modules['httpx'] = sys.modules['wcmatch'] = None  # the extra not installed\n"
+            "from tandem.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "serve", "--model", str(built.path),
+                        "--port", "0", *flag], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "pip install 'tandem[agent]'" in r.stderr, r.stderr
+    assert "listening" not in r.stderr
+
+
+def test_glob_patterns():
+    from tandem.agent.glob import path_glob_match as match
+
+    assert match("*.py", "a/b/c.py") and not match("*.py", "a/b/c.pyc")  # the base name
+    assert match("src/*.cpp", "src/a.cpp") and match("src/*.cpp", "x/src/a.cpp")
+    assert not match("src/*.cpp", "src/sub/a.cpp") and match("src/**/*.cpp", "src/a/b/c.cpp")
+    assert match("**", ".gitignore") and match("[!a]*", "b") and not match("[!a]*", "a")
+    assert match("a\\b", "a\\b") and not match("a\\b", "ab")  # a backslash is itself
+
+
 # -- the CORS proxy ----------------------------------------------------------------------------
 
 class Target(BaseHTTPRequestHandler):

@@ -28,7 +28,7 @@ def test_variables_give_the_flags_values():
                       "UNRELATED": "x"})
     assert (a.ctx_size, a.n_parallel, a.temperature) == (2048, 3, 0.25)
     assert a.spec_types == "ngram-simple" and a.spec_p_min == -1.0
-    assert a.metrics is True and a.api_key == "secret" and a.flash_attn == "off"
+    assert a.metrics_endpoint is True and a.api_key == "secret" and a.flash_attn == "off"
     assert "LLAMA_ARG_CTX_SIZE=2048: --ctx-size" in used
     assert not any("secret" in line for line in used)  # keys are not logged
 
@@ -47,7 +47,7 @@ def test_switches_take_truthy_and_falsey_values_and_the_no_spelling():
     a, _ = _parse({"LLAMA_ARG_NO_UI": "1", "LLAMA_ARG_NO_CACHE_IDLE_SLOTS": "1"})
     assert a.ui is False and a.cache_idle_slots is False
     a, _ = _parse({"LLAMA_ARG_ENDPOINT_METRICS": "false"})  # no negative: stays off
-    assert a.metrics is False
+    assert a.metrics_endpoint is False
 
 
 def test_a_bad_switch_value_names_the_variable(capsys):
@@ -58,11 +58,43 @@ def test_a_bad_switch_value_names_the_variable(capsys):
     assert "LLAMA_ARG_ENDPOINT_METRICS='maybe'" in err and "expected one of" in err
 
 
-def test_every_variable_names_a_flag_tandem_serve_takes():
-    """A variable in the table whose flags serve does not know would be dropped silently."""
-    known = build_parser().commands["serve"]._option_string_actions
-    for env, spellings in envargs.ENV_FLAGS.items():
-        assert any(s in known for s in spellings), env
+# every variable llama-server reads that `tandem serve` honours (each named on its setting's
+# field): one that goes missing from a field would be dropped silently
+VARIABLES = {
+    "LLAMA_ARG_THREADS", "LLAMA_ARG_CTX_SIZE", "LLAMA_ARG_N_PREDICT", "LLAMA_ARG_BATCH",
+    "LLAMA_ARG_UBATCH", "LLAMA_ARG_SWA_FULL", "LLAMA_ARG_CACHE_RAM", "LLAMA_ARG_CACHE_TYPE_K",
+    "LLAMA_ARG_CACHE_TYPE_V", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
+    "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", "LLAMA_ARG_KV_UNIFIED", "LLAMA_ARG_CACHE_IDLE_SLOTS",
+    "LLAMA_ARG_CONTEXT_SHIFT", "LLAMA_ARG_FLASH_ATTN", "LLAMA_ARG_TEMPERATURE",
+    "LLAMA_ARG_TOP_K", "LLAMA_ARG_TOP_P", "LLAMA_ARG_MIN_P", "LLAMA_ARG_BACKEND_SAMPLING",
+    "LLAMA_ARG_POOLING", "LLAMA_ARG_MMPROJ", "LLAMA_ARG_MMPROJ_URL", "LLAMA_ARG_NO_MMPROJ",
+    "LLAMA_ARG_MMPROJ_AUTO", "LLAMA_ARG_MMPROJ_OFFLOAD", "LLAMA_ARG_N_PARALLEL",
+    "LLAMA_ARG_CONT_BATCHING", "LLAMA_ARG_N_GPU_LAYERS", "LLAMA_ARG_ALIAS", "LLAMA_ARG_TAGS",
+    "LLAMA_ARG_MODEL", "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_CORS_ORIGINS",
+    "LLAMA_ARG_AGENT", "LLAMA_ARG_UI_MCP_PROXY", "LLAMA_ARG_TOOLS", "LLAMA_ARG_TOOLS_RUNTIME",
+    "LLAMA_ARG_UI", "LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_RERANKING", "LLAMA_API_KEY",
+    "LLAMA_ARG_TIMEOUT", "LLAMA_ARG_ENDPOINT_METRICS", "LLAMA_ARG_ENDPOINT_SLOTS",
+    "LLAMA_ARG_JINJA", "LLAMA_ARG_REASONING", "LLAMA_ARG_CHAT_TEMPLATE",
+    "LLAMA_ARG_CHAT_TEMPLATE_FILE", "LLAMA_ARG_OFFLINE", "LLAMA_ARG_SPEC_DRAFT_MODEL",
+    "LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_SPEC_DRAFT_P_MIN",
+    "LLAMA_ARG_SPEC_SYNTH_LEN", "LLAMA_ARG_SPEC_SYNTH_RATES", "LLAMA_ARG_SPEC_TYPE",
+    "LLAMA_ARG_DRAFT_MAX", "LLAMA_ARG_DRAFT_MIN",
+}
+
+
+def test_every_variable_is_named_once_on_a_flag_tandem_serve_takes():
+    serve = build_parser().commands["serve"]
+    named = [env for env, _ in envargs.variables(serve)]
+    assert len(named) == len(set(named)) and set(named) == VARIABLES
+
+
+def test_agent_applies_before_the_flags_it_sets():
+    """LLAMA_ARG_AGENT gives --tools all and --ui-mcp-proxy; their own variables, read after
+    it, may then say otherwise (the command line's order)."""
+    a, _ = _parse({"LLAMA_ARG_AGENT": "1", "LLAMA_ARG_TOOLS": "read_file"})
+    assert (a.tools, a.ui_mcp_proxy) == ("read_file", True)
+    a, _ = _parse({"LLAMA_ARG_AGENT": "1"}, ["--no-ui-mcp-proxy"])
+    assert (a.tools, a.ui_mcp_proxy) == ("all", False)
 
 
 def test_a_server_started_from_the_environment(tmp_path):

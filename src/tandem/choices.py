@@ -38,3 +38,15 @@ KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
 
 # block types that map exactly onto PyTorch's int4 kernel (w = scale * q + offset, q in 0..15)
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+
+# --pooling: how an embedding pools the target's final hidden states
+#   last: the token that has read the whole input (causal models' default); mean; cls: the first
+#   token; none: one vector per token (/embedding only); rank: a reranker's classification head
+#   on the last token (POST /rerank, set by --reranking)
+POOLING = ("none", "mean", "cls", "last", "rank")
+
+# --reasoning: a chat template's thinking: on/off set its enable_thinking; auto leaves it be
+REASONING = ("on", "off", "auto")
+
+# -fa / --flash-attn (llama-server's values; accepted, no effect in Tandem)
+FLASH_ATTN = ("on", "off", "auto")

@@ -10,28 +10,48 @@ Environment variables that steer the numeric path are read here and nowhere else
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from .choices import ACTIVATIONS, CACHE_TYPES, DTYPES, SPEC_TYPES, WEIGHT_MODES
 from .errors import TandemError
+from .synth import floats, rates_text, synth_rates
 
 
 def flag(*names: str, help: str, request: str | None = None,
          choices: tuple[str, ...] | None = None, type: type | None = None,
-         metavar: str | None = None) -> dict[str, Any]:
+         metavar: str | None = None, env: str | tuple[str, ...] = (), off: tuple[str, ...] = (),
+         const: Any = None, action: Any = None) -> dict[str, Any]:
     """A field's metadata: its flags (llama-server's spelling first, then aliases), the help
-    text, the allowed values, the key a request may override it with (llama.cpp's
-    /completion field), and for a field whose default is None its value's type and name."""
+    text, the allowed values, the key a request may override it with (llama.cpp's /completion
+    field), and for a field whose default is None its value's type and name.
+    env: llama-server's LLAMA_ARG_* variables that give the flag's value where the command line
+    does not (server/envargs.py); off: the spellings that turn a switch off (--no-slots);
+    const: the value of the flag given without one (-fa means -fa on); action: an argparse
+    Action of its own (--agent sets two settings in the command line's order)."""
     return {"flags": names, "help": help, "request": request, "choices": choices,
-            "type": type, "metavar": metavar}
+            "type": type, "metavar": metavar, "env": (env,) if isinstance(env, str) else env,
+            "off": off, "const": const, "action": action}
 
 
 def _env_switch(name: str) -> bool:
     """An on/off switch from the environment ("0" = off; unset = on), for comparisons."""
     return os.environ.get(name, "1") != "0"
+
+
+@dataclass(slots=True)
+class Models:
+    """The models a command runs: the target, and the draft where speculation uses one; each a
+    .gguf file, a Hugging Face directory or a model name (registry.MODELS)."""
+
+    model: str | None = field(default="default", metadata=flag(
+        "-m", "--model", type=str, metavar="MODEL", env="LLAMA_ARG_MODEL",
+        help="target: a .gguf file, a Hugging Face directory or a model name: default, "
+             "default-draft, smollm2-135m, gemma3-270m"))
+    model_draft: str | None = field(default=None, metadata=flag(
+        "-md", "--model-draft", type=str, metavar="MODEL", env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+        help="draft model (name or path)"))
 
 
 @dataclass(slots=True)
@@ -44,16 +64,18 @@ class SamplingParams:
     """
 
     temperature: float = field(default=0.8, metadata=flag(
-        "--temp", help="temperature (0 = greedy)"))
+        "--temp", env="LLAMA_ARG_TEMPERATURE", help="temperature (0 = greedy)"))
     top_k: int = field(default=40, metadata=flag(
-        "--top-k", help="keep the k most likely tokens (0 = all)"))
+        "--top-k", env="LLAMA_ARG_TOP_K", help="keep the k most likely tokens (0 = all)"))
     top_p: float = field(default=0.95, metadata=flag(
-        "--top-p", help="nucleus: keep tokens up to this mass"))
+        "--top-p", env="LLAMA_ARG_TOP_P", help="nucleus: keep tokens up to this mass"))
     min_p: float = field(default=0.05, metadata=flag(
-        "--min-p", help="drop tokens below this fraction of the top token's probability"))
+        "--min-p", env="LLAMA_ARG_MIN_P",
+        help="drop tokens below this fraction of the top token's probability"))
     seed: int = field(default=-1, metadata=flag("--seed", help="-1 = random"))
     n_predict: int = field(default=-1, metadata=flag(
-        "-n", "--n-predict", help="tokens to generate (-1 = until EOS or the context is full)"))
+        "-n", "--n-predict", env="LLAMA_ARG_N_PREDICT",
+        help="tokens to generate (-1 = until EOS or the context is full)"))
     stop: list[str] = field(default_factory=list, metadata=flag(
         "--stop", help="stop string (repeatable)"))
     ignore_eos: bool = field(default=False, metadata=flag(
@@ -82,101 +104,53 @@ class SamplingParams:
 
 
 
-def _floats(name: str, text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",")]
-    except ValueError:
-        raise TandemError(f"{name} must be comma-separated numbers, got {text!r}") from None
-
-
-def _rates_text(rates: list[float]) -> str:
-    return ", ".join(f"{r:.6g}" for r in rates)
-
-
-def _synth_rates(length: float, rates: list[float] | None, n_max: int) -> list[float] | None:
-    """--spec-synth-len / --spec-synth-rates as llama-server resolves them: the unconditional
-    rate of acceptance at each of the n_max draft positions (None = off). A length L gives
-    rates p, p^2, ..., p^n_max whose sum is L - 1, found by bisection."""
-    if length == -1.0 and not rates:
-        return None
-    if length != -1.0 and rates:
-        raise TandemError("spec-synth-len and spec-synth-rates are mutually exclusive")
-    if n_max <= 0:
-        raise TandemError("synthetic acceptance needs spec-draft-n-max >= 1")
-    if rates:
-        if len(rates) != n_max:
-            raise TandemError(f"spec-synth-rates must have spec-draft-n-max = {n_max} values, "
-                              f"got {len(rates)}")
-        for i, r in enumerate(rates):
-            if not (math.isfinite(r) and 0.0 <= r <= 1.0):
-                raise TandemError(f"spec-synth-rates must be within [0, 1], got {r!r}")
-            if i and r > rates[i - 1]:
-                raise TandemError(f"spec-synth-rates must not increase: {_rates_text(rates)}")
-        return list(rates)
-    if not (math.isfinite(length) and 1.0 <= length <= n_max + 1):
-        raise TandemError(f"spec-synth-len must be within [1, {n_max + 1}] "
-                          f"(spec-draft-n-max + 1), got {length!r}")
-    p = 1.0 if length == n_max + 1 else 0.0
-    if 1.0 < length < n_max + 1:
-        lo, hi = 0.0, 1.0
-        for _ in range(32):
-            mid = 0.5 * (lo + hi)
-            if sum(mid ** (j + 1) for j in range(n_max)) < length - 1.0:
-                lo = mid
-            else:
-                hi = mid
-        p = 0.5 * (lo + hi)
-    return [p ** (j + 1) for j in range(n_max)]
-
-
 @dataclass(slots=True)
 class SpecConfig:
     """Speculative decoding settings (llama-server's --spec-* flags).
 
-    types: proposers tried in order; the first non-empty draft wins. ["none"] = target alone.
-    "auto" = suffix then draft model, each draft sized per step by the controller (adaptive).
-    None (nothing given) = auto with a draft model, none without: see `resolved`, the one place
-    that decides what runs with or without a draft model. A comma-separated string is parsed.
+    types: proposers tried in order; the first non-empty draft wins. ["none"] = target alone;
+    "auto" = suffix then the draft model, each draft sized per step by the controller
+    (adaptive). None (nothing given) = auto with a draft model, none without: `resolved` is the
+    one place that decides what runs with or without one. A comma-separated string is parsed.
     n_max / n_min / p_min: draft-simple drafts at most n_max tokens, stops when the draft's top
-    probability falls below p_min, and drops drafts shorter than n_min. p_min unset (-1):
-    llama-server's default, 0 (no floor); under auto the controller decides after each drafted
-    token whether one more draft pass pays (`Controller.extend`; auto used a floor of 0.75
-    before, which threw away the pass that gave a token below it).
-    draft_window: the draft model processes only the last draft_window tokens of the prompt
-    (0 = all of it); what it then generates it keeps. Its prompt processing costs a third of
-    the target's on this CPU and is paid before the first token; a shorter window trades some
-    acceptance for that time (the n-gram proposer still sees the whole prompt).
-    draft_vocab: the draft model proposes only among the first draft_vocab token ids plus every
-    id of the prompt and output so far (0 = the whole vocabulary): its output projection is
-    about a third of what a 0.5B draft reads per token (speculative/draft.py Shortlist). With
-    32768 the default pair drafted exactly the same tokens on the four benchmark tasks, and a
-    draft step took 20.0-20.6 ms instead of 24.7-25.4 (bench/results/draft-options).
+    probability falls below p_min and drops drafts shorter than n_min; p_min -1 is
+    llama-server's default, no floor, and under auto the controller decides after each drafted
+    token whether one more draft pass pays (`Controller.extend`).
+    draft_window: the draft model reads only the last draft_window prompt tokens (0 = all),
+    trading some acceptance for time before the first token; the other proposers still see
+    the whole prompt.
+    draft_vocab: the draft proposes only among the first draft_vocab token ids plus every id of
+    the prompt and output so far (0 = all): a smaller output projection per draft step, the
+    same drafts wherever the shortlist holds the draft's choice (speculative/draft.py
+    Shortlist; bench/results/draft-options).
     ngram_min / ngram_max / ngram_m: ngram-simple matches suffixes of ngram_min..ngram_max
     tokens and proposes up to ngram_m tokens that followed the most recent earlier occurrence.
-    suffix_max: the suffix proposer drafts at most this many tokens (the continuation of the
-    longest earlier match, speculative/suffix.py). suffix_pool: tokens of earlier outputs kept
-    for it, shared by every slot (0 = none). On by default (16384 tokens, ~18 MB of index), as
-    llama.cpp's ngram-mod and vLLM's suffix decoding keep theirs: a request that repeats an
-    earlier answer, or its structure, is drafted from it (held-out mix, frozen costs: a repeated
-    pass 2.38x modeled decode against 1.38x for the first, which the pool leaves at 1.38x,
-    bench/results/suffix-pool). A benchmark that repeats its prompts therefore measures that
-    memory in its later passes: `tandem bench` reports the first pass apart.
+    suffix_max / suffix_pool: the suffix proposer drafts at most suffix_max tokens (the
+    continuation of the longest earlier match, speculative/suffix.py) and also searches
+    suffix_pool tokens of earlier outputs shared by every slot (0 = none), as llama.cpp's
+    ngram-mod and vLLM's suffix decoding keep theirs: a request that repeats an earlier answer,
+    or its structure, is drafted from it (bench/results/suffix-pool). A benchmark that repeats
+    its prompts therefore measures that memory in its later passes: `tandem bench` reports the
+    first pass apart.
     """
 
     types: list[str] | None = field(default=None, metadata=flag(
-        "--spec-type", request="speculative.type",
+        "--spec-type", request="speculative.type", env="LLAMA_ARG_SPEC_TYPE",
         help="none, ngram-simple, suffix, draft-simple, auto (suffix then draft, each draft "
              "sized per step from measured costs and calibrated confidences, none when "
              "speculation does not pay), or a comma-separated list tried in order (default: "
              "auto with --model-draft, else none)"))
     n_max: int = field(default=4, metadata=flag(
         "--spec-draft-n-max", "--draft-max", "--draft-n", request="speculative.n_max",
+        env=("LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"),
         help="most tokens drafted per step"))
     n_min: int = field(default=0, metadata=flag(
         "--spec-draft-n-min", "--draft-min", request="speculative.n_min",
+        env=("LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"),
         help="drop shorter drafts"))
     p_min: float = field(default=-1.0, metadata=flag(
         "--spec-draft-p-min", "--draft-p-min", request="speculative.p_min",
+        env="LLAMA_ARG_SPEC_DRAFT_P_MIN",
         help="stop drafting below this draft probability (-1: 0, as llama-server; under "
              "auto the controller decides, token by token, whether one more pass pays)"))
     draft_window: int = field(default=0, metadata=flag(
@@ -210,11 +184,11 @@ class SpecConfig:
              "slot, least recently used out first (0 = only the request's own tokens; "
              "default 16384)"))
     synth_len: float = field(default=-1.0, metadata=flag(
-        "--spec-synth-len",
+        "--spec-synth-len", env="LLAMA_ARG_SPEC_SYNTH_LEN",
         help="benchmarking only, the output is then not valid: accept drafted tokens at random, "
              "for this mean acceptance length (the target's token included; -1: off)"))
     synth_rates: list[float] | None = field(default=None, metadata=flag(
-        "--spec-synth-rates", type=str, metavar="P0,P1,...",
+        "--spec-synth-rates", type=str, metavar="P0,P1,...", env="LLAMA_ARG_SPEC_SYNTH_RATES",
         help="benchmarking only, the output is then not valid: accept drafted tokens at random, "
              "position i with unconditional probability Pi (spec-draft-n-max values, "
              "non-increasing)"))
@@ -256,8 +230,8 @@ class SpecConfig:
         if self.suffix_pool < 0:
             raise TandemError(f"spec-suffix-pool must be >= 0 (0 = off), got {self.suffix_pool}")
         if isinstance(self.synth_rates, str):
-            self.synth_rates = _floats("spec-synth-rates", self.synth_rates)
-        self.synth = _synth_rates(self.synth_len, self.synth_rates, self.n_max)
+            self.synth_rates = floats("spec-synth-rates", self.synth_rates)
+        self.synth = synth_rates(self.synth_len, self.synth_rates, self.n_max)
 
     @property
     def synth_probs(self) -> list[float]:
@@ -380,7 +354,7 @@ class SpecConfig:
                      "confidences, none when it does not pay")
         if self.synth:
             line += ("; WARNING: synthetic acceptance for benchmarking, the output is not valid "
-                     f"(drafted token i kept with probability {_rates_text(self.synth)}, "
+                     f"(drafted token i kept with probability {rates_text(self.synth)}, "
                      f"mean acceptance length {1 + sum(self.synth):.3f})")
         return line
 
@@ -457,13 +431,15 @@ class EngineConfig:
     every build gives the same bits)."""
 
     ctx_size: int = field(default=4096, metadata=flag(
-        "-c", "--ctx-size",
+        "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE",
         help="context in tokens over all slots, as llama-server: each of --parallel slots gets "
              "ctx-size / parallel"))
     n_parallel: int = field(default=1, metadata=flag(
-        "-np", "--parallel", help="slots: requests generated at once, batched in one pass"))
+        "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL",
+        help="slots: requests generated at once, batched in one pass"))
     n_threads: int = field(default=0, metadata=flag(
-        "-t", "--threads", help="CPU threads (0 = PyTorch's default: the physical cores)"))
+        "-t", "--threads", env="LLAMA_ARG_THREADS",
+        help="CPU threads (0 = PyTorch's default: the physical cores)"))
     threads_fixed: bool = field(default=False, metadata=flag(
         "--threads-fixed",
         help="run every pass on --threads threads even while other processes keep some of the "
@@ -483,49 +459,52 @@ class EngineConfig:
         help="native weights only: how the kernels round activations per block. int16: within "
              "1/32766 of the block's largest value, slower; int8: llama.cpp's Q8_K/Q8_0 "
              "rounding (1/254 of a block of 256); int8-down64: int8, the FFN down projection's "
-             "input (which carries most of int8's error) with a scale per 64 values: ~0.7x "
-             "llama.cpp's KL divergence from float32 at int8's speed; mixed: int8 except int16 "
-             "for the down projection (~0.6x, slower)"))
+             "input (which carries most of int8's error) with a scale per 64 values: closer "
+             "to float32 than int8 at int8's speed (bench/results/kl-divergence-down64); mixed: "
+             "int8 except int16 for the down projection (closer still, slower; "
+             "bench/results/kl-divergence-mixed)"))
     activations_draft: str = field(default="int8", metadata=flag(
         "--activations-draft", choices=tuple(ACTIVATIONS),
         help="the same for the draft model; int8 by default: the draft only proposes and the "
              "target decides every token, so its rounding changes how often its guesses are "
              "accepted, never the output"))
     batch_size: int = field(default=512, metadata=flag(
-        "-b", "--batch-size",
+        "-b", "--batch-size", env="LLAMA_ARG_BATCH",
         help="the most rows one target pass carries: a prompt read alone goes in chunks of "
              "this size, as llama-server's; while other slots generate, their decode and "
              "verification rows come first, then a chunk of a waiting prompt sized to take "
              "about twice their time (measured), within this limit, so running streams keep "
              "getting tokens while a long prompt is read"))
     kv_unified: bool = field(default=False, metadata=flag(
-        "-kvu", "--kv-unified",
+        "-kvu", "--kv-unified", env="LLAMA_ARG_KV_UNIFIED",
         help="one context of ctx-size positions shared by all slots, as llama-server's: each "
              "slot may use all of it while the slots together hold no more than ctx-size "
              "tokens (idle slots' cached prompts are dropped first; a request that still "
              "does not fit fails with 'the context size has been exceeded'). Default: each "
              "slot owns ctx-size / parallel"))
     cache_ram: int | None = field(default=None, metadata=flag(
-        "-cram", "--cache-ram", type=int, metavar="MIB",
+        "-cram", "--cache-ram", type=int, metavar="MIB", env="LLAMA_ARG_CACHE_RAM",
         help="host-memory prompt cache, as llama-server's: what a slot held when a request "
              "with another prompt took it stays in RAM (at most this many MiB, least recently "
              "used out first), and a later prompt that starts the same way reads only what "
              "follows. -1: no limit, 0: off. Default: llama-server's 8192, at most a quarter of "
              "the memory available at start"))
     cache_type_k: str = field(default="f16", metadata=flag(
-        "-ctk", "--cache-type-k", choices=tuple(CACHE_TYPES),
+        "-ctk", "--cache-type-k", choices=tuple(CACHE_TYPES), env="LLAMA_ARG_CACHE_TYPE_K",
         help="how the KV cache holds keys, as llama-server's: f16 (default) half the memory "
              "and half the bytes attention reads each token; f32 exactly what the layers "
              "computed. Attention computes in float32 either way; speculation's output equals "
              "the target's alone under either"))
     cache_type_v: str = field(default="f16", metadata=flag(
-        "-ctv", "--cache-type-v", choices=tuple(CACHE_TYPES),
+        "-ctv", "--cache-type-v", choices=tuple(CACHE_TYPES), env="LLAMA_ARG_CACHE_TYPE_V",
         help="the same for values"))
     cache_type_k_draft: str = field(default="f16", metadata=flag(
         "--spec-draft-type-k", "-ctkd", "--cache-type-k-draft", choices=tuple(CACHE_TYPES),
+        env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
         help="the same for the draft model's keys"))
     cache_type_v_draft: str = field(default="f16", metadata=flag(
         "--spec-draft-type-v", "-ctvd", "--cache-type-v-draft", choices=tuple(CACHE_TYPES),
+        env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
         help="the same for the draft model's values"))
     prefill_chunk: int = 512  # prompt tokens per target pass when no slot is generating
     # a full context drops half its tokens after the request's n_keep and generation goes on

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from typing import Any, Callable
 
-from .config import EngineConfig, SamplingParams, SpecConfig
+from .config import EngineConfig, Models, SamplingParams, SpecConfig
 from .errors import IncompatibleDraftError, TandemError
 
 SPEC_PREFIX = "spec_"  # SpecConfig's fields are spec_<field> in a parsed namespace
@@ -28,36 +28,62 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
-def add_config_args(group, cls: type, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of `cls` that names one (config.flag), dest prefix + field name."""
+def add_config_args(group, cls: type, prefix: str = "", skip: tuple[str, ...] = (),
+                    defaults: dict[str, Any] | None = None) -> None:
+    """One flag per field of `cls` that names one (config.flag), dest prefix + field name, and
+    one for its off spellings (--no-slots). The first action of each carries the field's
+    metadata (`meta`: flagsdoc.py writes docs/flags.md from it), its LLAMA_ARG_* variables
+    (`env`) and the spelling that turns it off (`negative`) for server/envargs.py.
+    `defaults` replaces some fields' defaults (a command whose --model has none)."""
     for f in dataclasses.fields(cls):
         meta = f.metadata
         if "flags" not in meta or f.name in skip:
             continue
-        default = _default(f)
-        kw: dict[str, Any] = {"dest": prefix + f.name, "help": meta["help"]}
-        if isinstance(default, bool):
-            kw.update(action="store_true", default=default)
-        elif isinstance(default, list):
-            kw.update(action="append", default=None)  # argparse would append to a shared default
-        elif default is None:
-            kw.update(default=None)
-            if meta.get("type"):
-                kw.update(type=meta["type"], metavar=meta.get("metavar") or "N")
-        else:
-            kw.update(type=type(default), default=default,
-                      help=f"{meta['help']} (default {default})")
-        if meta.get("choices"):
-            kw["choices"] = meta["choices"]
-        elif "action" not in kw and "metavar" not in kw:
-            kw["metavar"] = {int: "N", float: "X"}.get(type(default), "TEXT")
-        group.add_argument(*meta["flags"], **kw)
+        default = (defaults or {}).get(f.name, _default(f))
+        dest = prefix + f.name
+        first = None
+        if meta["flags"]:
+            first = group.add_argument(*meta["flags"], **_argument(meta, dest, default))
+        if meta["off"]:
+            off = group.add_argument(*meta["off"], dest=dest, action="store_false",
+                                     default=default, help=f"turn {_long(meta['flags'])} off")
+            first = first or off
+        first.meta, first.env = meta, meta["env"]
+        first.negative = next(iter(meta["off"]), None) or next(
+            (n for n in meta["flags"] if n.startswith("--no-")), None)
 
 
-def config_of(cls: type, ns: argparse.Namespace, prefix: str = ""):
+def _long(names: tuple[str, ...]) -> str:
+    """A flag's first long spelling (--ctx-size for -c, --ctx-size)."""
+    return next((n for n in names if n.startswith("--")), names[0] if names else "")
+
+
+def _argument(meta: dict[str, Any], dest: str, default: Any) -> dict[str, Any]:
+    """argparse's keywords for a field's flag, from its metadata and default."""
+    kw: dict[str, Any] = {"dest": dest, "help": meta["help"]}
+    if meta["action"] is not None:
+        return {**kw, "action": meta["action"], "nargs": 0}
+    if isinstance(default, bool) or (meta["off"] and default is None):  # a switch
+        return {**kw, "action": "store_true", "default": default}
+    if isinstance(default, list):
+        return {**kw, "action": "append", "default": None}  # argparse would append to a default
+    kind = meta["type"] or (str if default is None else type(default))
+    kw.update(type=kind, default=default)
+    if default is not None:
+        kw["help"] = f"{meta['help']} (default {default})"
+    if meta["const"] is not None:
+        kw.update(nargs="?", const=meta["const"])
+    if meta["choices"]:
+        kw["choices"] = meta["choices"]
+    else:
+        kw["metavar"] = meta["metavar"] or {int: "N", float: "X"}.get(kind, "TEXT")
+    return kw
+
+
+def config_of(cls: type, ns: argparse.Namespace, prefix: str = "", **given: Any):
     """The config `cls` from parsed flags (fields without a flag, or not parsed, keep their
-    defaults)."""
-    values = {}
+    defaults; `given` sets fields that no flag names, such as a nested config)."""
+    values = dict(given)
     for f in dataclasses.fields(cls):
         if "flags" in f.metadata and hasattr(ns, prefix + f.name):
             value = getattr(ns, prefix + f.name)
@@ -72,10 +98,7 @@ def add_model_args(p: argparse.ArgumentParser, *, default_model: str | None = "d
     """The target and draft models and the engine's settings (-np/--parallel where a command
     serves several requests at once)."""
     g = p.add_argument_group("model and engine")
-    g.add_argument("-m", "--model", default=default_model,
-                   help="target: a .gguf file, a Hugging Face directory or a model name "
-                        "(default, default-draft, smollm2-135m, gemma3-270m)")
-    g.add_argument("-md", "--model-draft", default=None, help="draft model (name or path)")
+    add_config_args(g, Models, defaults={"model": default_model})
     add_config_args(g, EngineConfig,
                     skip=() if parallel else ("n_parallel", "batch_size", "kv_unified",
                                               "cache_ram"))
@@ -129,10 +152,8 @@ def to_argv(a: argparse.Namespace, *groups: Callable[[argparse.ArgumentParser], 
         name = next((o for o in action.option_strings if o.startswith("--")),
                     action.option_strings[0])
         value = getattr(a, action.dest)
-        if isinstance(action, argparse._StoreTrueAction):
-            argv += [name] if value else []
-        elif isinstance(action, argparse._StoreFalseAction):
-            argv += [] if value else [name]
+        if isinstance(action, argparse._StoreConstAction):  # a switch, or its off spelling
+            argv += [name] if value is action.const and value != action.default else []
         elif isinstance(action, argparse._AppendAction):
             for v in value or []:
                 argv += [name, str(v)]

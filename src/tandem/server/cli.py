@@ -14,165 +14,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import socket
 import sys
 import threading
 import time
 
 from .. import flags
-from ..config import SamplingParams
+from ..config import SamplingParams, SpecConfig
 from ..errors import TandemError
+from .settings import IgnoredFlags, ServerSettings
 
 log = logging.getLogger("tandem.server")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Every flag from its setting's field: the models and the engine, speculation, the
+    server, llama-server's flags that have no effect here, the default sampling."""
     flags.add_model_args(p, default_model=None, parallel=True)
     flags.add_spec_args(p)
-    g = p.add_argument_group("server (llama-server's spelling)")
-    g.add_argument("--host", default="127.0.0.1",
-                   help="address(es) to listen on, comma-separated (127.0.0.1)")
-    g.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
-    g.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
-                   help="require 'Authorization: Bearer KEY' (default: $TANDEM_API_KEY; none)")
-    g.add_argument("-to", "--timeout", type=float, default=600.0,
-                   help="seconds a request may take: reading it, waiting and generating (600)")
-    g.add_argument("-a", "--alias", default=None,
-                   help="model name(s) the API reports, comma-separated; the id is the first in "
-                        "alphabetical order, as llama-server's")
-    g.add_argument("--queue-size", type=int, default=None,
-                   help="requests that may wait for a slot before new ones get 503 "
-                        "(default: 4 x --parallel)")
-    g.add_argument("--no-warmup", action="store_true",
-                   help="skip the short warm-up generation after loading")
-    g.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,
-                   help="serve GET /slots (the default)")
-    g.add_argument("--no-slots", dest="slots_endpoint", action="store_false",
-                   help="turn GET /slots off")
-    g.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
-                   help="serve the web page at / (the default)")
-    g.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false",
-                   help="turn the web page off (/ answers 404)")
-    g.add_argument("-ub", "--ubatch-size", type=int, default=None,
-                   help="llama-server's physical batch: Tandem's passes have one size, so the "
-                        "smaller of --batch-size and this is the most rows a pass carries")
-    g.add_argument("-fa", "--flash-attn", nargs="?", const="on", default=None,
-                   choices=("on", "off", "auto"),
-                   help="accepted for llama-server command lines; Tandem's attention is its own "
-                        "exact kernel either way (said once in the log)")
-    g.add_argument("--jinja", dest="jinja", action="store_true", default=True,
-                   help="render chats with the model's Jinja template (always on in Tandem)")
-    g.add_argument("--no-jinja", dest="jinja", action="store_false",
-                   help="accepted; Tandem always renders the model's Jinja template (logged)")
-    g.add_argument("--no-context-shift", dest="context_shift", action="store_false",
-                   default=False, help="stop a generation when its slot's context is full "
-                                       "(the default, as llama-server's)")
-    g.add_argument("--context-shift", dest="context_shift", action="store_true",
-                   help="when a slot's context is full, drop half of the tokens after the "
-                        "request's n_keep (default 0; -1: the prompt) and go on generating; "
-                        "the answer is then marked truncated")
-    g.add_argument("-v", "--verbose", action="store_true", help="log more (debug)")
-    g.add_argument("--offline", action="store_true",
-                   help="never download: a model name that is not pulled yet is an error")
-    g.add_argument("--metrics", action="store_true",
-                   help="serve GET /metrics (Prometheus text, llama-server's llamacpp: series)")
-    g.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true",
-                   default=True, help="accepted: Tandem always batches slots continuously")
-    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", default=None,
-                   help="accepted: Tandem runs on the CPU (said once in the log)")
-    g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
-                   help="serve embeddings (POST /v1/embeddings, /embedding): the target's "
-                        "final hidden states, pooled (--pooling) and normalized")
-    g.add_argument("--pooling", default="last", choices=("none", "mean", "cls", "last", "rank"),
-                   help="how an embedding pools the hidden states: last (the token that has "
-                        "read the whole input; the default for causal models), mean, cls (the "
-                        "first token), none (one vector per token, /embedding only), rank "
-                        "(a reranker's classification head on the last token: POST /rerank)")
-    g.add_argument("--cors-origins", default=None,
-                   help="origins a browser may call the API from, comma-separated; "
-                        "'localhost' = any port of localhost, 127.0.0.1, [::1]; '*' = any "
-                        "(the default; 'localhost' with --tools)")
-    g.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy",
-                   action="store_true", default=False,
-                   help="experimental: serve GET/POST /cors-proxy?url=URL, which forwards a "
-                        "request for the web page's MCP servers - do not enable in untrusted "
-                        "environments (default: off)")
-    g.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy",
-                   action="store_false", help="turn /cors-proxy off (403; the default)")
-    g.add_argument("--tools", metavar="TOOL1,TOOL2,...", default=None,
-                   help="experimental: built-in tools for AI agents at GET/POST /tools - do "
-                        "not enable in untrusted environments (default: none); 'all' for "
-                        "every one of read_file, file_glob_search, grep_search, "
-                        "exec_shell_command, write_file, edit_file, get_info; --cors-origins "
-                        "then defaults to localhost")
-    g.add_argument("--tools-runtime", metavar="OPTION", default=None,
-                   help="experimental: where the tools run (default: this machine): "
-                        "'docker:<image>', 'podman:<image>' (a container started now, removed "
-                        "at exit), 'docker-container:<id>', 'podman-container:<id>' (a running "
-                        "one), 'ssh:<target>' (a POSIX host; key auth, trusted host key)")
-    g.add_argument("-ag", "--agent", "-no-ag", "--no-agent", action=_Agent, nargs=0,
-                   help="--tools all and --ui-mcp-proxy together (--no-agent: neither)")
-    g.add_argument("--slot-save-path", default=None,
-                   help="folder for slot files: POST /slots/ID?action=save|restore "
-                        "{\"filename\"} writes or reads a slot's cache there (off without it)")
-    g.add_argument("--mmproj", "-mm", default=None, metavar="FILE",
-                   help="the target's multimodal projector (a Gemma 3 mmproj GGUF): images in "
-                        "chat image_url parts and /completion's multimodal_data")
-    g.add_argument("--mmproj-url", "-mmu", default=None, metavar="URL",
-                   help="refused: Tandem downloads nothing; give --mmproj FILE")
-    g.add_argument("--no-mmproj", action="store_true",
-                   help="no multimodal projector, even with --mmproj")
-    for flag in ("--mmproj-auto", "--mmproj-offload"):
-        g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                       help="accepted: no effect (Tandem finds no projector by itself and "
-                            "runs it on the CPU)")
-    g.add_argument("--media-path", default=None, metavar="DIR",
-                   help="a folder images may be read from as file:// URLs (relative paths, "
-                        "no '..'); off without it")
-    for flag in ("--image-min-tokens", "--image-max-tokens"):
-        g.add_argument(flag, type=int, default=None,
-                       help="accepted: no effect (Gemma 3's images take a fixed number)")
-    g.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
-                   help="serve POST /rerank (--embedding --pooling rank): a reranker GGUF with "
-                        "a classification head (cls.output, e.g. Qwen3-Reranker) scores each "
-                        "document against the query")
-    g.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling",
-                   action="store_true",
-                   help="accepted: Tandem samples on the CPU, where its logits are")
-    g.add_argument("--cache-idle-slots", dest="cache_idle_slots",
-                   action=argparse.BooleanOptionalAction, default=None,
-                   help="with the host prompt cache on (--cache-ram, on by default): when a "
-                        "request starts, every idle slot's cached tokens are copied there, and "
-                        "with --kv-unified the slot is cleared, its room given to the shared "
-                        "context; a prompt that starts the same way later is read back from "
-                        "host memory (default on, as llama-server's; --no-cache-idle-slots: an "
-                        "idle slot keeps its tokens until its room or the slot is needed)")
-    g.add_argument("--swa-full", action="store_true",
-                   help="accepted: Tandem's cache always keeps every position of sliding-"
-                        "window layers")
-    g.add_argument("--chat-template-file", default=None,
-                   help="a Jinja chat template file to use instead of the model's")
-    g.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template (text) to use instead of the model's, or one of "
-                        "llama-server's built-in names: chatml, llama3, command-r, gemma, phi3")
-    g.add_argument("--reasoning", "-rea", default="auto", choices=("on", "off", "auto"),
-                   help="thinking in chat templates that have it (Qwen3, DeepSeek-R1, QwQ, "
-                        "Command R7B): on/off set the template's enable_thinking, off also "
-                        "closes a thought the template opens; auto leaves the template be")
-    g.add_argument("--tags", default=None,
-                   help="comma-separated tags GET /v1/models reports for the model")
-    g = p.add_argument_group("default sampling (each request's, where it sends none)")
-    flags.add_config_args(g, SamplingParams)
-
-
-class _Agent(argparse.Action):
-    """llama-server's --agent: the tools and the proxy on (off with --no-agent), in the
-    command line's order with --tools and --ui-mcp-proxy."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        on = option_string in ("-ag", "--agent")
-        namespace.tools, namespace.ui_mcp_proxy = ("all" if on else None), on
+    flags.add_config_args(p.add_argument_group("server (llama-server's spelling)"),
+                          ServerSettings)
+    flags.add_config_args(p.add_argument_group(
+        "accepted for llama-server's command lines, no effect (said once in the log, why)"),
+        IgnoredFlags)
+    flags.add_config_args(p.add_argument_group(
+        "default sampling (each request's, where it sends none)"), SamplingParams)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("environment: %s", line)
     try:
         settings = _settings(args)
-        socks = [_listen(host, args.port) for host in _hosts(args.host)]
+        socks = [_listen(host, settings.port) for host in _hosts(settings.host)]
     except TandemError as e:
         print(f"tandem: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -193,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     state = ServerState(settings)
     if settings.tools:
-        from .agent_io import ToolRuntimeError
-        from .agent_tools import Toolbox
+        from ..agent.runtime import ToolRuntimeError
+        from ..agent.tools import Toolbox
 
         try:  # --tools-runtime docker:<image> starts its container now
             state.tools = Toolbox(settings.tools, settings.tools_runtime)
@@ -251,13 +117,11 @@ def _setup_logging() -> None:
             logger.propagate = False
 
 
-def _settings(a: argparse.Namespace):
-    """Check every flag before listening, so a typo fails at once, not after loading. Resolves
-    the models: no --model and no --model-draft is the default pair; a draft the spec type does
-    not use is not loaded (flags.spec_config warns once)."""
-    from ..config import SpecConfig
-    from .state import ServerSettings
-
+def _settings(a: argparse.Namespace) -> ServerSettings:
+    """The settings from parsed flags, every one checked before listening, so a typo fails at
+    once, not after loading. Resolves the models: no --model and no --model-draft is the
+    default pair; a draft the spec type does not use is not loaded (flags.spec_config warns
+    once)."""
     if a.model is None and a.model_draft is None:  # the default pair
         a.model = "default"
         if SpecConfig(types=a.spec_types).resolved(has_draft=True).uses_draft:
@@ -270,113 +134,34 @@ def _settings(a: argparse.Namespace):
     engine = flags.engine_config(a)
     for flag, name in (("--model", a.model), ("--model-draft", a.model_draft)):
         _check_exists(flag, name, a.offline)
-    if not 0 <= a.port <= 65535:
-        raise TandemError(f"--port must be 0..65535, got {a.port}")
-    if not a.timeout > 0:
-        raise TandemError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
-    queue = 4 * a.n_parallel if a.queue_size is None else a.queue_size
-    if queue < 0:
-        raise TandemError(f"--queue-size must be >= 0, got {queue}")
-    if a.ubatch_size is not None:
-        if a.ubatch_size < 2:
-            raise TandemError(f"--ubatch-size must be >= 2, got {a.ubatch_size}")
-        engine = dataclasses.replace(engine, batch_size=min(engine.batch_size, a.ubatch_size))
-    if a.context_shift:
-        engine = dataclasses.replace(engine, context_shift=True)
-    if a.flash_attn is not None:
-        log.info("--flash-attn %s: no effect; Tandem's attention is its own exact kernel",
-                 a.flash_attn)
-    if not a.jinja:
-        log.info("--no-jinja: no effect; Tandem always renders the model's Jinja template")
-    if a.reranking:  # as llama-server: embeddings on, pooled by the ranking head
-        a.embedding, a.pooling = True, "rank"
-    if a.backend_sampling:
-        log.info("--backend-sampling: no effect; Tandem samples on the CPU")
-    idle = a.cache_idle_slots is not False
-    if idle and engine.cache_ram == 0:
-        if a.cache_idle_slots:
-            log.warning("--cache-idle-slots requires --cache-ram, disabling")
-        idle = False
-    engine = dataclasses.replace(engine, cache_idle_slots=idle)
-    if a.swa_full:
-        log.info("--swa-full: no effect; Tandem's cache keeps every position of every layer")
-    if a.slot_save_path is not None and not os.path.isdir(a.slot_save_path):
-        raise TandemError(f"--slot-save-path {a.slot_save_path}: no such folder")
-    if a.mmproj_url is not None:
-        raise TandemError(f"--mmproj-url {a.mmproj_url}: Tandem downloads nothing; download "
-                          "the file and give --mmproj FILE")
-    for flag in ("mmproj_auto", "mmproj_offload", "image_min_tokens", "image_max_tokens"):
-        if getattr(a, flag) is not None:
-            log.info("--%s: no effect", flag.replace("_", "-"))
-    mmproj = None if a.no_mmproj else a.mmproj
-    if mmproj is not None and not os.path.isfile(mmproj):
-        raise TandemError(f"--mmproj {mmproj}: no such file")
-    if a.media_path is not None and not os.path.isdir(a.media_path):
-        raise TandemError(f"--media-path {a.media_path}: no such folder")
-    chat_template = _chat_template(a)
-    if a.n_gpu_layers is not None:
-        log.info("--n-gpu-layers %s: no effect; Tandem runs on the CPU", a.n_gpu_layers)
-    if a.verbose:
+    settings = flags.config_of(ServerSettings, a, model=a.model, model_draft=a.model_draft,
+                               engine=engine, spec=spec, sampling=flags.sampling_params(a))
+    flags.config_of(IgnoredFlags, a)  # says why each one given has no effect
+    if settings.verbose:
         for name in ("tandem.server", "tandem.engine"):
             logging.getLogger(name).setLevel(logging.DEBUG)
-        if idle:  # (the marker is llama-server's, which its test suite reads)
+        if settings.cache_idle_slots:  # (the marker is llama-server's; its test suite reads it)
             log.debug("idle slots will be saved to the prompt cache%s upon starting a new "
                       "task __TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__",
                       " and cleared" if engine.kv_unified else "")
-    tools = [t.strip() for t in (a.tools or "").split(",") if t.strip()]
-    cors = a.cors_origins
-    if cors is None:
-        cors = "localhost" if tools else "*"
-        if tools:
-            log.warning("server tools are enabled, using localhost as default CORS origin "
-                        "(change via --cors-origins)")
-    if tools:
-        from .agent_io import ToolRuntimeError, check_tools
+    if settings.tools or settings.ui_mcp_proxy:
+        _check_agent(settings)
+    return settings
 
+
+def _check_agent(settings: ServerSettings) -> None:
+    """The agent extra is installed, and --tools names tools it has, in a runtime it knows."""
+    try:
+        from ..agent import proxy, tools  # noqa: F401 (they import httpx and wcmatch)
+        from ..agent.runtime import ToolRuntimeError, check_tools
+    except ImportError as e:
+        raise TandemError(f"--tools, --ui-mcp-proxy and --agent need the agent extra, which is "
+                          f"not installed ({e}): pip install 'tandem[agent]'") from None
+    if settings.tools:
         try:
-            check_tools(tools, a.tools_runtime)
+            check_tools(settings.tools, settings.tools_runtime)
         except (ToolRuntimeError, ValueError) as e:
             raise TandemError(f"tools setup failed: {e}") from None
-    elif a.tools_runtime:
-        log.info("--tools-runtime %s: no effect without --tools", a.tools_runtime)
-    sampling = flags.config_of(SamplingParams, a)
-    return ServerSettings(model=a.model, model_draft=a.model_draft, engine=engine, spec=spec,
-                          warmup=not a.no_warmup, alias=a.alias, api_key=a.api_key,
-                          timeout=a.timeout, max_queue=queue, sampling=sampling,
-                          slots_endpoint=a.slots_endpoint, ui=a.ui,
-                          tags=[t for t in (a.tags or "").split(",") if t], verbose=a.verbose,
-                          metrics_endpoint=a.metrics, embeddings=a.embedding,
-                          pooling=a.pooling,
-                          cors_origins=[o.strip() for o in cors.split(",") if o.strip()],
-                          slot_save_path=a.slot_save_path, chat_template=chat_template,
-                          mmproj=mmproj, media_path=a.media_path,
-                          reasoning=a.reasoning, tools=tools,
-                          tools_runtime=a.tools_runtime if tools else None,
-                          ui_mcp_proxy=a.ui_mcp_proxy)
-
-
-def _chat_template(a: argparse.Namespace) -> str | None:
-    """--chat-template-file's text, or --chat-template's (a template, or the name chatml)."""
-    from ..tokenizer import BUILTIN_TEMPLATES
-
-    if a.chat_template_file is not None and a.chat_template is not None:
-        raise TandemError("give --chat-template or --chat-template-file, not both")
-    if a.chat_template_file is not None:
-        try:
-            return open(a.chat_template_file, encoding="utf-8").read()
-        except OSError as e:
-            raise TandemError(f"--chat-template-file {a.chat_template_file}: "
-                              f"{e.strerror or e}") from None
-    t = a.chat_template
-    if t is None:
-        return None
-    if t in BUILTIN_TEMPLATES:
-        return BUILTIN_TEMPLATES[t]
-    if "{%" not in t and "{{" not in t:
-        raise TandemError(f"--chat-template {t!r}: not a Jinja template, and of llama-server's "
-                          f"built-in names Tandem knows {', '.join(BUILTIN_TEMPLATES)}; pass "
-                          "the template's text or --chat-template-file")
-    return t
 
 
 def _check_exists(flag: str, name: str | None, offline: bool = False) -> None:

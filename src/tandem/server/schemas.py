@@ -210,6 +210,17 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
         raise ApiError(400, describe(e)) from None
 
 
+def json_object(raw: bytes) -> dict:
+    """A body that must be a JSON object (the endpoints without a body schema)."""
+    try:
+        data = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return data
+
+
 _HINTS = {
     "n": f"at most {MAX_CHOICES} answers per request",
     "presence_penalty": "penalties are not implemented; leave it at 0",

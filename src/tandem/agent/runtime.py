@@ -1,4 +1,4 @@
-"""Where the agent tools (agent_tools.py) read, write and run: this machine (LocalIO), or an
+"""Where the agent tools (tools.py) read, write and run: this machine (LocalIO), or an
 isolate that runs every operation as a command, as llama-server's --tools-runtime and
 x-tool-runtime: a running container (`docker exec` / `podman exec`, ContainerIO) or a remote
 POSIX host over ssh (SshIO). An isolate needs sh, cat, wc, mkdir, dirname, find and timeout.
@@ -32,7 +32,7 @@ ISOLATE_READ_MAX = 64 * 1024 * 1024
 JUNK_DIRS = (".git", ".svn", ".hg", "node_modules", "__pycache__", ".venv", "venv", "dist",
              "build", "target", ".cache", ".idea", ".vscode")
 ENGINES = ("docker", "podman")
-# the built-in tools (agent_tools.py), here so that checking --tools imports nothing heavy
+# the built-in tools (tools.py), here so that checking --tools imports nothing heavy
 TOOL_NAMES = ("read_file", "file_glob_search", "grep_search", "exec_shell_command",
               "write_file", "edit_file", "get_info")
 

@@ -1,6 +1,5 @@
-"""llama-server's built-in tools for agents (--tools, --tools-runtime): GET /tools lists them,
-POST /tools {"tool", "params", "stream"} runs one. Without --tools both routes answer 403
-feature_disabled, as llama-server's.
+"""llama-server's built-in tools for agents (--tools, --tools-runtime): what GET /tools lists
+and POST /tools {"tool", "params", "stream"} runs (the routes: tandem/server/experimental.py).
 
     read_file          a file, or lines start_line..end_line of it (append_loc: "N→" prefixes)
     file_glob_search   files (or dirs) under a path matching a glob; .gitignore in a git tree
@@ -8,38 +7,28 @@ feature_disabled, as llama-server's.
     exec_shell_command `sh -c COMMAND`, output capped, timed out; stream: true sends SSE
                        {"chunk"} events, then {"done": true} (and "error" if it failed)
     write_file         create or replace a file (parent folders made)
-    edit_file          exact replacements, each unique and disjoint (agent_edit.py)
+    edit_file          exact replacements, each unique and disjoint (edit.py)
     get_info           the OS (uname -a) and the working directory
 
 A tool's own failure is 200 {"error": "..."}; a body that is not a call is 400, an unknown tool
 (or stream on one that cannot) 404, an unusable runtime 500. Headers: x-tool-cwd (relative
 paths resolve against it; a "cwd" from the model is dropped), x-tool-runtime (an isolate, see
-agent_io.py; else --tools-runtime's), x-resp-type: base64 (read_file's raw bytes).
+runtime.py; else --tools-runtime's), x-resp-type: base64 (read_file's raw bytes).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import logging
 import os
 import posixpath
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request as HttpRequest
-from fastapi.responses import StreamingResponse
-
-from .agent_edit import EditError, apply_edits
-from .agent_glob import path_glob_match
-from .agent_io import TOOL_NAMES, ToolRuntimeError, check_tools, make_io, make_runtime
-from .jobs import off_loop, read_body
-from .schemas import ApiError, feature_disabled
-
-log = logging.getLogger("tandem.server")
+from .edit import EditError, apply_edits
+from .glob import path_glob_match
+from .runtime import TOOL_NAMES, check_tools, make_io, make_runtime
 
 READ_MAX = 16 * 1024  # read_file's text answer, in bytes
 READ_MAX_BASE64 = 32 * 1024 * 1024
@@ -435,77 +424,3 @@ class Toolbox:
         if stream and not tool.streams:
             raise UnknownTool(f'tool "{tool.name}" does not support stream = true')
         return tool, params, stream
-
-
-def _call(fn, *args):
-    """fn(*args) with the tool errors as the API's."""
-    try:
-        return fn(*args)
-    except BadParams as e:
-        raise ApiError(400, str(e)) from None
-    except UnknownTool as e:
-        raise ApiError(404, str(e), "invalid_request_error") from None
-    except ToolRuntimeError as e:
-        raise ApiError(500, str(e)) from None
-
-
-router = APIRouter(include_in_schema=False)
-
-
-def _toolbox(http: HttpRequest) -> Toolbox:
-    state = http.app.state.tandem
-    state.ready()
-    if state.tools is None:
-        raise feature_disabled()
-    return state.tools
-
-
-@router.get("/tools")
-async def list_tools(http: HttpRequest):
-    return [t.to_json() for t in _toolbox(http).tools.values()]
-
-
-@router.post("/tools")
-async def call_tool(http: HttpRequest):
-    box = _toolbox(http)
-    raw = await read_body(http, http.app.state.tandem)
-    tool, params, stream = await off_loop(_call, box.prepare, raw, http.headers)
-    if stream:
-        return _stream(tool, params)
-    return await off_loop(_call, tool.run, params, None)
-
-
-def _stream(tool: Tool, params: dict) -> StreamingResponse:
-    """SSE: {"chunk": text} as the output comes, then {"done": true} (with "error" when the
-    tool failed); no [DONE]. A client that leaves stops the command."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    alive = threading.Event()
-    alive.set()
-
-    def put(item: dict) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the loop is gone: the server is stopping
-            alive.clear()
-
-    def work() -> None:
-        done: dict = {"done": True}
-        try:
-            tool.run(params, Stream(lambda chunk: put({"chunk": chunk}), alive.is_set))
-        except Exception as e:  # noqa: BLE001 (reported to the client, as llama-server)
-            done["error"] = str(e) or "An unknown error occurred"
-        put(done)
-
-    async def events():
-        try:
-            while True:
-                item = await queue.get()
-                yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
-                if item.get("done"):
-                    return
-        finally:
-            alive.clear()
-
-    threading.Thread(target=work, name="tandem-tool", daemon=True).start()
-    return StreamingResponse(events(), media_type="text/event-stream")

@@ -22,10 +22,10 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from .. import __version__
-from .schemas import ApiError
+from ... import __version__
+from ..schemas import ApiError
 
-STATIC = resources.files("tandem.server") / "static"
+STATIC = resources.files("tandem.server.page") / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml",
          ".webmanifest": "application/manifest+json"}
