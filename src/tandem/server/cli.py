@@ -1,12 +1,14 @@
-"""`tandem serve`: llama-server's flags, a socket that listens at once, models loaded behind it.
+"""`tandem serve`: parse llama-server's flags, build the settings (settings.py), listen at
+once, load the models behind the socket, run.
 
     tandem serve --model target.gguf --model-draft draft.gguf --ctx-size 8192 --parallel 1 \\
         --host 127.0.0.1 --port 8080 --spec-type auto --spec-draft-n-max 4
 
 Without --model and --model-draft the default pair is served (target "default", draft
-"default-draft", --spec-type auto unless another is given). GET /health answers 503 "Loading model" until the models are
-loaded and warmed up, then 200. The log (stderr) says what runs: the spec type, the draft and
-its compatibility verdict, the memory plan, and whether speculation is on.
+"default-draft", --spec-type auto unless another is given). GET /health answers 503 "Loading
+model" until the models are loaded and warmed up, then 200. The log (stderr) says what runs:
+the spec type, the draft and its compatibility verdict, the memory plan, and whether
+speculation is on.
 """
 
 from __future__ import annotations

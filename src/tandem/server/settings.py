@@ -196,7 +196,8 @@ class ServerSettings:
             self.embeddings, self.pooling = True, "rank"
         self._check_files()
         self.chat_template = _chat_template(self.chat_template, self.chat_template_file)
-        self.tags = _words(self.tags)
+        if not isinstance(self.tags, list):  # split as llama-server's, spaces kept
+            self.tags = [t for t in (self.tags or "").split(",") if t]
         self._apply_tool_rules()
 
     @property
