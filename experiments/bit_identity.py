@@ -3,15 +3,20 @@
 Prints one JSON object of SHA-256 prefixes: every kernel product (8 block types, int16 and int8
 activations, 1..64 rows, 1 and 2 threads, the prompt kernel and the row-by-row one) and
 dequantization on seeded random blocks; the default target's logits for a 10-row verification
-pass and the one-row decode after it (checked equal to each other's last row); and the greedy
+pass and the one-row decode after it (checked equal to each other's last row); the greedy
 tokens of the default pair on two chat prompts with speculation none, ngram-simple, auto and
-draft-simple. Run it before and after a change and compare:
+draft-simple; and (the engine's scheduling) greedy and seeded outputs on three prompts with
+speculation none, ngram-simple, suffix, auto, draft-simple and draft-simple with rejection
+sampling, one slot, then three slots at once with staggered starts and prompts read in chunks,
+with and without --kv-unified. It uses only the engine's public API (Engine, Request, add, step,
+release), so it runs at older revisions too (`PYTHONPATH=OLD/src`). Run it before and after a
+change and compare:
 
     python experiments/bit_identity.py > /tmp/before.json     # at the old revision
     python experiments/bit_identity.py > /tmp/after.json
     python experiments/bit_identity.py --compare /tmp/before.json /tmp/after.json
 
-`--kernels-only` skips the models (seconds instead of about a minute).
+`--kernels-only` skips the models (seconds instead of about ten minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -98,6 +103,55 @@ def model_prints() -> dict[str, object]:
             seq = engine.generate(Request(pid, SamplingParams(temperature=0, n_predict=48)))
             out[f"greedy {spec} p{i}"] = digest(json.dumps(seq.output).encode())
             out[f"greedy {spec} p{i} drafted"] = seq.stats.n_drafted  # not compared: timing
+    out.update(engine_prints(tgt, drf))
+    return out
+
+
+SCHED_PROMPTS = PROMPTS + ["Explain what a Python generator is, in three sentences, then repeat "
+                           "the three sentences."]
+SAMPLINGS = {"greedy": dict(temperature=0), "seeded": dict(temperature=0.8, seed=1234)}
+
+
+def engine_prints(tgt, drf) -> dict[str, object]:
+    """Outputs through the engine's scheduling: one slot, every speculation type, greedy and
+    seeded; then three slots at once (prompts read in chunks of 24 between the others'
+    tokens, starts staggered), with and without a shared pool (--kv-unified)."""
+    from tandem.config import EngineConfig, SamplingParams, SpecConfig
+    from tandem.engine import Engine, Request
+
+    tok = tgt.tokenizer
+    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]),
+                      add_special=False, parse_special=True) for p in SCHED_PROMPTS]
+    out: dict[str, object] = {}
+    for spec, draft, rejection in (("none", None, False), ("ngram-simple", None, False),
+                                   ("suffix", None, False), ("auto", drf, False),
+                                   ("draft-simple", drf, False), ("draft-simple", drf, True)):
+        engine = Engine(tgt, draft, EngineConfig(ctx_size=4096, n_threads=2),
+                        SpecConfig(types=spec, draft_rejection=rejection))
+        for sname, sp in SAMPLINGS.items():
+            if rejection and sname == "greedy":
+                continue
+            for i, p in enumerate(ids):
+                seq = engine.generate(Request(p, SamplingParams(n_predict=40, **sp)))
+                out[f"1slot {spec}{'+rej' if rejection else ''} {sname} p{i}"] = \
+                    digest(json.dumps(seq.output).encode())
+    for spec, draft in (("none", None), ("auto", drf), ("ngram-simple", None)):
+        for unified in (False, True):
+            cfg = EngineConfig(ctx_size=4096 if unified else 1024, n_threads=2, n_parallel=3,
+                               batch_size=24, kv_unified=unified)
+            engine = Engine(tgt, draft, cfg, SpecConfig(types=spec))
+            for sname, sp in SAMPLINGS.items():
+                seqs = []
+                for i, p in enumerate(ids):
+                    seqs.append(engine.add(Request(p, SamplingParams(n_predict=30 + 5 * i, **sp))))
+                    for _ in range(2 + i):
+                        engine.step()
+                while any(not s.done for s in seqs):
+                    engine.step()
+                for s in seqs:
+                    engine.release(s)
+                    out[f"3slot {spec} unified={unified} {sname} p{s.slot}"] = \
+                        digest(json.dumps([s.output, s.text]).encode())
     return out
 
 

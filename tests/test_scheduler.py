@@ -257,3 +257,52 @@ def test_a_short_prompt_is_not_kept_waiting_behind_a_long_one(target):
     for seq, prompt in ((a, long_prompt), (b, short_prompt)):
         alone = _engine(target, n_parallel=1, batch=32).generate(Request(prompt, sp))
         assert seq.output == alone.output
+
+
+# -- the Scheduler alone: its plan from sequences, costs and cache lengths, no engine ---------
+
+def _seq(slot: int, t_start: float, n_prompt: int = 10, read: int | None = None,
+         id_slot: int = -1):
+    """A stand-in for engine.Sequence with what the scheduler reads of it."""
+    from types import SimpleNamespace as S
+
+    read = n_prompt - 1 if read is None else read  # all but the last token: generating
+    return S(slot=slot, t_start=t_start, n_prompt=n_prompt, prefill_at=read, done=False,
+             prefilling=read < n_prompt - 1, tokens=list(range(n_prompt)), output=[],
+             spec=S(synth=None), req=S(id_slot=id_slot, cache_prompt=True, media=[],
+                                       prompt_ids=list(range(n_prompt)),
+                                       sampling=S(n_predict=-1)))
+
+
+def test_a_request_for_a_busy_slot_waits_without_holding_back_the_others():
+    from tandem.engine import Scheduler
+
+    s = Scheduler(EngineConfig(ctx_size=512, n_parallel=2), max_k=4, full_speed_rows=16)
+    s.slots[1] = _seq(1, 0.0)
+    mine, anyone, later = _seq(-1, 1.0, id_slot=1), _seq(-1, 2.0), _seq(-1, 3.0)
+    s.waiting.extend([mine, anyone, later])
+    held = {0: 0, 1: 0}
+    first = s.next_admissible(lambda i, ids: held[i])
+    assert first is anyone and anyone.slot == 0 and list(s.waiting) == [mine, later]
+    s.slots[0] = anyone
+    assert s.next_admissible(lambda i, ids: held[i]) is None  # no slot: first come, first served
+
+
+def test_a_full_shared_pool_evicts_idle_slots_then_fails_the_newest_request():
+    """--kv-unified, 3 slots sharing 64 positions: slot 2 is idle with 5 cached tokens, the
+    two generating sequences hold 30 and 27. Evicting the idle tokens makes room for a row
+    each and 5 drafted tokens (not the 8 they could draft); when the two hold all 64, the
+    newest request fails and the older one goes on."""
+    from tandem.engine import Scheduler
+
+    s = Scheduler(EngineConfig(ctx_size=64, n_parallel=3, kv_unified=True), max_k=4,
+                  full_speed_rows=16)
+    old, new = _seq(0, 1.0), _seq(1, 2.0)
+    s.slots[0], s.slots[1] = old, new
+    costs = CostModel()
+    plan = s.plan(costs, [30, 27, 5])
+    assert plan.evict and plan.gen == [old, new] and plan.fail == []
+    assert plan.draft_room == 64 - 57 - 2 == 5
+    plan = s.plan(costs, [33, 31, 0])
+    assert [v for v, _ in plan.fail] == [new] and plan.gen == [old]
+    assert "the context size has been exceeded" in plan.fail[0][1]
