@@ -230,7 +230,7 @@ class Engine:
             self._calibrated = True
 
     def release(self, seq: Sequence) -> None:
-        if seq.slot >= 0 and self.slots[seq.slot] is seq:
+        if not seq.waiting and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
             if seq.speculator is not None:
                 seq.speculator.end(finished=seq.stop_type in ("eos", "word", "limit"))

@@ -80,6 +80,11 @@ class Sequence:
         return bool(self.stop_type)
 
     @property
+    def waiting(self) -> bool:
+        """On the scheduler's waiting list: no slot yet (slot -1)."""
+        return self.slot < 0
+
+    @property
     def prefilling(self) -> bool:
         """Still reading its prompt (all but the last token go into the cache first)."""
         return self.prefill_at < self.n_prompt - 1

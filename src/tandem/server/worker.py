@@ -268,7 +268,7 @@ class Worker:
 
     def _running(self) -> list[Job]:
         """The jobs whose sequences hold a slot."""
-        return [j for j in self._jobs.values() if j.seq.slot >= 0]
+        return [j for j in self._jobs.values() if not j.seq.waiting]
 
     def _step(self) -> None:
         n_active = len(self._running())
@@ -339,7 +339,7 @@ class Worker:
                 self.engine.cancel(job.seq)
                 del self._jobs[id(job.seq)]
                 job.finished = True
-                if job.seq.slot >= 0:
+                if not job.seq.waiting:
                     log.info("request %d cancelled (client went away); slot %d freed", job.id,
                              job.seq.slot)
         self._queue_gauges()
@@ -348,7 +348,7 @@ class Worker:
         now = time.monotonic()
         for job in list(self._jobs.values()):
             if job.deadline <= now:
-                what = "generating" if job.seq.slot >= 0 else "waiting for a free slot"
+                what = "waiting for a free slot" if job.seq.waiting else "generating"
                 self.engine.cancel(job.seq)
                 del self._jobs[id(job.seq)]
                 job.push(Failed(_timeout(job, what)))
@@ -362,7 +362,7 @@ class Worker:
 
     def _queue_gauges(self) -> None:
         with self._cond:
-            self._waiting = sum(j.seq.slot < 0 for j in self._jobs.values())
+            self._waiting = sum(j.seq.waiting for j in self._jobs.values())
             self.metrics.queue(len(self._jobs) - self._waiting,
                                len(self._inbox) + self._waiting)
 
@@ -376,7 +376,7 @@ class Worker:
             pending = list(self._inbox)
             self._inbox.clear()
         error = ApiError(503, "the server is shutting down")
-        for job in pending + [j for j in self._jobs.values() if j.seq.slot < 0]:
+        for job in pending + [j for j in self._jobs.values() if j.seq.waiting]:
             job.push(Failed(error))
         self._fail_running(error)
         with self._cond:
