@@ -12,6 +12,7 @@ from .flags import Parser
 from .measure import bench, compare
 from .server import cli as serve
 from .server import envargs
+from .train import cli as train_head
 
 COMMANDS = (  # name, module with add_arguments(parser) and run(args) -> exit code, help
     ("generate", generate, "generate text from a prompt"),
@@ -20,6 +21,7 @@ COMMANDS = (  # name, module with add_arguments(parser) and run(args) -> exit co
     ("serve", serve, "serve the HTTP API (llama-server's flags)"),
     ("compare", compare, "compare two benchmark JSON files (equal work)"),
     ("bench", bench, "serve target alone, then speculation; compare (equal work)"),
+    ("train-head", train_head, "train an EAGLE-3 draft head for a target"),
 )
 
 
