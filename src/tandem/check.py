@@ -9,6 +9,7 @@ file, bad setting).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,12 @@ def run(a: argparse.Namespace) -> int:
     cfg = flags.engine_config(a)
     target = inspect_model("target", a.model)
     print(_describe(target))
-    draft = None
-    if spec.uses_draft:
+    draft = head = None
+    if "draft-eagle3" in spec.types:
+        head = inspect_head(a.model_draft, target)
+        print(f"draft: {head.path} (EAGLE-3 head, {head.source}, {head.cfg.dim} wide, reads "
+              f"target layers {list(head.cfg.target_layers)}; matches the target)")
+    elif spec.uses_draft:
         draft = inspect_model("draft", a.model_draft)
         print(_describe(draft))
     for m in (target, draft):
@@ -57,7 +62,8 @@ def run(a: argparse.Namespace) -> int:
             print(f"warning: --ctx-size {cfg.ctx_size} exceeds the {m.spec.role}'s trained "
                   f"context of {m.args.max_seq_len} tokens; quality degrades beyond it")
     compat = None if draft is None else check_compatible(target.tokenizer, draft.tokenizer)
-    print(_compat_line(compat))
+    if head is None:
+        print(_compat_line(compat))
     if a.mmproj is not None:  # the whole file checked, and its width against the target's
         from .models.vision import load_mmproj
 
@@ -66,8 +72,10 @@ def run(a: argparse.Namespace) -> int:
         print(f"mmproj: {vision.path} (Gemma 3 projector, {vision.image_size} x "
               f"{vision.image_size} images, {vision.tokens_per_image} tokens each, "
               f"{vision.text_dim}-wide)")
-    mem = plan([m.spec for m in (target, draft) if m is not None], cfg, spec.spare_positions,
-               pool_tokens=_pool_tokens(spec))
+    models = [m.spec for m in (target, draft) if m is not None]
+    if head is not None:
+        models.append(head_spec(head))
+    mem = plan(models, cfg, spec.spare_positions, pool_tokens=_pool_tokens(spec))
     if a.mmproj is not None:
         mem.rows.append(_mmproj_row(a.mmproj))
     print(mem.format())
@@ -79,14 +87,31 @@ def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: st
     """The plan for a target (and a draft where `spec` uses it), read without loading;
     embeddings: the server's --embedding / --reranking (memory.plan); mmproj: the target's
     image encoder (--mmproj), held in float32 with one image's activations."""
-    models = [inspect_model("target", model).spec]
-    if spec.uses_draft:
+    target = inspect_model("target", model)
+    models = [target.spec]
+    if "draft-eagle3" in spec.types:
+        models.append(head_spec(inspect_head(model_draft, target)))
+    elif spec.uses_draft:
         models.append(inspect_model("draft", model_draft).spec)
     out = plan(models, cfg, spec.spare_positions, embeddings=embeddings,
                pool_tokens=_pool_tokens(spec))
     if mmproj is not None:
         out.rows.append(_mmproj_row(mmproj))
     return out
+
+
+def inspect_head(model_draft: str, target: ModelInfo):
+    """An EAGLE-3 head (name or path) read and checked against the target, nothing loaded."""
+    from .models.eagle3 import read_head
+    from .registry import resolve
+
+    return read_head(resolve(model_draft), target.args, getattr(target.tokenizer, "tokens", None))
+
+
+def head_spec(head) -> ModelSpec:
+    """The plan's view of a head: one layer, no vocabulary of its own to hold."""
+    args = dataclasses.replace(head.cfg.args(), vocab_size=0)
+    return ModelSpec("draft", args, head.shapes(), head.path.name, head.source)
 
 
 def _mmproj_row(path: str) -> PlanRow:

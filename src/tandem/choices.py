@@ -30,7 +30,7 @@ ACTIVATIONS = {"int16": (16, 16, 0), "int8": (8, 8, 0), "mixed": (8, 16, 0),
 CACHE_TYPES = {"f16": 2, "f32": 4}
 
 # --spec-type: proposers tried in order; auto = n-gram then the draft model, k chosen per step
-SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "auto")
+SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "draft-eagle3", "auto")
 
 # GGML type ids of the block types the native kernels read (ggml.h; the enum in kernels/tq.h)
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,

@@ -136,7 +136,8 @@ class SpecConfig:
 
     types: list[str] | None = field(default=None, metadata=flag(
         "--spec-type", request="speculative.type", env="LLAMA_ARG_SPEC_TYPE",
-        help="none, ngram-simple, suffix, draft-simple, auto (suffix then draft, each draft "
+        help="none, ngram-simple, suffix, draft-simple, draft-eagle3 (--model-draft an EAGLE-3 "
+             "head), auto (suffix then the draft model or head, each draft "
              "sized per step from measured costs and calibrated confidences, none when "
              "speculation does not pay), or a comma-separated list tried in order (default: "
              "auto with --model-draft, else none)"))
@@ -256,13 +257,27 @@ class SpecConfig:
         token by token, whether one more pass pays: `Controller.extend`)."""
         return max(self.p_min, 0.0)
 
-    def resolved(self, has_draft: bool) -> SpecConfig:
+    def resolved(self, has_draft: bool, head: bool = False) -> SpecConfig:
         """These settings as they run with (or without) a draft model; the one home of the
         rules: nothing given = auto with a draft model, none without; auto without a draft
-        model = suffix only, still adaptive; draft-simple without one is an error."""
+        model = suffix only, still adaptive; draft-simple without one is an error. head: the
+        --model-draft is an EAGLE-3 head, which auto drafts with (draft-eagle3) and which
+        draft-simple cannot run; draft-eagle3 without a head is an error."""
         if self.types is None:
             return dataclasses.replace(self, types=["auto" if has_draft else "none"]) \
-                .resolved(has_draft)
+                .resolved(has_draft, head)
+        if has_draft and head and "draft-simple" in self.types:
+            if not self.adaptive:
+                raise TandemError("the --model-draft is an EAGLE-3 head, which spec type "
+                                  "draft-simple cannot run: use --spec-type draft-eagle3 or "
+                                  "auto")
+            return dataclasses.replace(self, types=[
+                "draft-eagle3" if t == "draft-simple" else t for t in self.types])
+        if "draft-eagle3" in self.types and not (has_draft and head):
+            raise TandemError("spec type draft-eagle3 needs an EAGLE-3 head as --model-draft "
+                              "(a GGUF of architecture eagle3 or a Hugging Face EAGLE-3 "
+                              "checkpoint)" + (" and the draft given is a model: use "
+                                               "draft-simple" if has_draft else ""))
         if not has_draft and "draft-simple" in self.types:
             if self.adaptive:
                 return dataclasses.replace(
@@ -271,7 +286,7 @@ class SpecConfig:
                               "give --model-draft PATH, or use suffix, ngram-simple or none")
         return self
 
-    def override(self, request: dict[str, Any], has_draft: bool) -> SpecConfig:
+    def override(self, request: dict[str, Any], has_draft: bool, head: bool = False) -> SpecConfig:
         """These settings with a request's llama.cpp keys ("speculative.n_max": 8, ...) applied;
         each value must have its field's type. Keys this server does not know are ignored, as
         llama-server ignores them."""
@@ -290,7 +305,7 @@ class SpecConfig:
             return self
         if "types" in over:
             over["adaptive"] = False  # "auto" turns it back on in __post_init__
-        return dataclasses.replace(self, **over).resolved(has_draft)
+        return dataclasses.replace(self, **over).resolved(has_draft, head)
 
     def request_view(self) -> dict[str, Any]:
         """The request-settable values under their llama.cpp keys (generation_settings)."""
@@ -308,14 +323,14 @@ class SpecConfig:
 
     @property
     def uses_draft(self) -> bool:
-        """Whether these settings run the draft model (auto does, where there is one)."""
-        return "draft-simple" in (self.types or ())
+        """Whether these settings run the draft model or head (auto does, where there is one)."""
+        return bool({"draft-simple", "draft-eagle3"} & set(self.types or ()))
 
     @property
     def max_k(self) -> int:
         """The most tokens one iteration may draft (sizes the KV cache's spare room)."""
         k = 0
-        if "draft-simple" in (self.types or ()):
+        if self.uses_draft:
             k = max(k, self.n_max)
         if "ngram-simple" in (self.types or ()):
             k = max(k, self.ngram_m)
@@ -341,6 +356,9 @@ class SpecConfig:
                              + (f", prompt window {self.draft_window}" if self.draft_window else "")
                              + (f", vocabulary {self.draft_vocab} + used ids"
                                 if self.draft_vocab else "") + ")")
+            elif t == "draft-eagle3":
+                parts.append(f"draft-eagle3 with the head {draft_name} (n_max {self.n_max}, "
+                             f"n_min {self.n_min}, p_min {self.draft_p_min:g})")
             elif t == "suffix":
                 parts.append(f"suffix (longest earlier match, up to {self.suffix_max} tokens"
                              + (f", pool of {self.suffix_pool} output tokens"

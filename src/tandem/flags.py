@@ -115,11 +115,21 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def spec_config(a: argparse.Namespace) -> SpecConfig:
     """The speculation settings as they will run with the given draft model (or none)."""
-    cfg = config_of(SpecConfig, a, SPEC_PREFIX).resolved(has_draft=bool(a.model_draft))
+    cfg = config_of(SpecConfig, a, SPEC_PREFIX).resolved(
+        has_draft=bool(a.model_draft), head=bool(a.model_draft) and draft_is_head(a.model_draft))
     if a.model_draft and not cfg.uses_draft:
         print(f"tandem: warning: --model-draft is given but --spec-type "
               f"{','.join(cfg.types)} does not use it", file=sys.stderr)
     return cfg
+
+
+def draft_is_head(name: str) -> bool:
+    """Whether --model-draft names an EAGLE-3 head (a GGUF of architecture eagle3 or a
+    Hugging Face EAGLE-3 directory; a named model is resolved without pulling it)."""
+    from .models.eagle3 import is_head
+    from .registry import local_path
+
+    return is_head(local_path(name) or name)
 
 
 def engine_config(a: argparse.Namespace) -> EngineConfig:
@@ -172,6 +182,19 @@ def load_engine(model: str, model_draft: str | None, cfg: EngineConfig, spec: Sp
     max_len = cfg.max_len(spec)
     target = load_model(model, cfg.numerics("target"), max_len=max_len)
     draft = None
+    if spec.uses_draft and draft_is_head(model_draft):  # an EAGLE-3 head, checked at load
+        from .models.eagle3 import load_head
+        from .registry import local_path
+
+        head = load_head(local_path(model_draft) or model_draft, target,
+                         cfg.numerics("draft"), max_len)
+        target.prepare_kernels()
+        if log is not None:
+            log(f"target {target.path} loaded in {target.load_seconds:.1f} s; EAGLE-3 head "
+                f"{head.path} ({head.source}, {head.draft_vocab} draft ids, target layers "
+                f"{list(head.target_layers)}) loaded in {head.load_seconds:.1f} s; matches "
+                "the target")
+        return Engine(target, head, cfg, spec)
     if spec.uses_draft:
         draft = load_model(model_draft, cfg.numerics("draft"), max_len=max_len)
         res = check_compatible(target.tokenizer, draft.tokenizer)

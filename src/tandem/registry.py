@@ -208,6 +208,11 @@ def resolve(spec: str, *, quiet: bool = False) -> Path:
     return Path(spec)
 
 
+def local_path(spec: str) -> Path | None:
+    """A known name's file where it is already pulled, else None (never pulls)."""
+    return model_path(spec) if spec in MODELS and is_pulled(spec) else None
+
+
 def listing() -> list[tuple[str, str, str, Path]]:
     """(name, state, description, path) for every named model."""
     rows = []
@@ -227,14 +232,23 @@ def listing() -> list[tuple[str, str, str, Path]]:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=("pull", "list"))
-    p.add_argument("names", nargs="*", help="names to pull (default: default default-draft)")
+    p.add_argument("action", choices=("pull", "list", "path"),
+                   help="pull: fetch named models; list: every named model and its state; "
+                        "path: print each named model's file path (pulled first if needed)")
+    p.add_argument("names", nargs="*", help="names to pull or locate (default: default "
+                                            "default-draft)")
 
 
 def run(a) -> int:
     if a.action == "pull":
         for n in a.names or ["default", "default-draft"]:
             pull(n)
+        return 0
+    if a.action == "path":
+        for n in a.names or ["default", "default-draft"]:
+            if n not in MODELS:
+                raise TandemError(f"unknown model name {n!r}; known: {', '.join(MODELS)}")
+            print(pull(n, quiet=True))
         return 0
     for name, state, desc, path in listing():
         print(f"{name:<14} {state:<11} {desc}\n{'':<14} {path}")

@@ -43,13 +43,15 @@ class Batch:
                 self.media.vectors.append(m.vectors[lo - m.start: hi - m.start])
                 self.media.ends.extend([m.end] * (hi - lo))
 
-    def run(self, model, cache: KVCache) -> torch.Tensor | None:
-        """The pass: logits of the `want` rows, (len(want), V)."""
+    def run(self, model, cache: KVCache,
+            features: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The pass: logits of the `want` rows, (len(want), V); features: filled with every
+        row's inputs to the model's feature_layers (an EAGLE-3 head's)."""
         media = None
         if self.media.rows:
             media = MediaRows(self.media.rows, torch.cat(self.media.vectors), self.media.ends)
         return model.forward_packed(self.tokens, cache, self.slots, self.positions, self.want,
-                                    media)
+                                    media, features)
 
 
 def pack(gen: list[Sequence], drafts: list[Draft], chunks: list[Chunk],

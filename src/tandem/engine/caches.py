@@ -19,8 +19,9 @@ log = logging.getLogger("tandem.engine")
 
 class SlotCaches:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, cfg: EngineConfig,
-                 max_len: int, prompt_limit: int | None) -> None:
-        """prompt_limit: the host prompt cache's bytes (0: none; None: no limit)."""
+                 max_len: int, prompt_limit: int | None, head=None) -> None:
+        """prompt_limit: the host prompt cache's bytes (0: none; None: no limit); head: an
+        EAGLE-3 head (models/eagle3.py), whose cache its proposer manages."""
         # with --kv-unified each slot may reach the whole context but together they hold at
         # most ctx_size tokens (Scheduler._fit_pool): the memory is given as positions are
         # written
@@ -31,6 +32,8 @@ class SlotCaches:
         if draft is not None:
             self.draft = KVCache.of_types(draft.args, cfg.n_parallel, max_len,
                                           cfg.cache_types("draft"), lazy=self.unified)
+        self.head = None if head is None else head.cache(cfg.n_parallel, max_len,
+                                                                cfg.cache_types("draft"))
         self.prompt = PromptCache(prompt_limit) if prompt_limit != 0 else None
 
     def lengths(self) -> list[int]:

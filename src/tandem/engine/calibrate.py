@@ -47,6 +47,24 @@ def calibrate(costs: CostModel, target: LoadedModel, cache: KVCache, slot: int, 
     return True
 
 
+def calibrate_head(costs: CostModel, head, cache: KVCache, slot: int) -> None:
+    """An EAGLE-3 head's drafted token (one pair and its logits, the fastest of 3: the first
+    call pays one-time costs) and its reading of target features, per pair, in the head's own
+    cache slot (whose proposer starts it afresh)."""
+    feats = torch.zeros(32, 3 * head.cfg.target_dim)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        head.logits(head.forward([0], torch.zeros(1, head.cfg.dim), cache, slot, 0))
+        best = min(best, time.perf_counter() - t0)
+    costs.record_draft(1, best)
+    costs.draft_step = best
+    t0 = time.perf_counter()
+    head.forward([0] * len(feats), head.encode(feats), cache, slot, 0)
+    costs.record_draft_prefill(len(feats), time.perf_counter() - t0)
+    cache.truncate(slot, 0)
+
+
 def _calibrate_draft(costs: CostModel, draft: LoadedModel, cache: KVCache, slot: int,
                      vocab: int) -> None:
     """A drafted token's seconds (as propose makes it) and the draft's prompt cost per token."""

@@ -30,6 +30,7 @@ from ..embedding import Embedder
 from ..errors import TandemError
 from ..grammar import Guide, bias_vector, constrain
 from ..memory import available_memory
+from ..models.eagle3 import Eagle3Head
 from ..models.loader import LoadedModel
 from ..sampling import make_generator, token_logprobs
 from ..speculative.controller import AcceptanceTracker, CostModel
@@ -38,7 +39,7 @@ from ..speculative.speculator import Speculation
 from ..speculative.verify import verify, verify_synthetic
 from .batch import pack
 from .caches import SlotCaches
-from .calibrate import PROMPT_MEASURE_ROWS, calibrate
+from .calibrate import PROMPT_MEASURE_ROWS, calibrate, calibrate_head
 from .scheduler import Scheduler, StepPlan
 from .sequence import Request, Sequence
 
@@ -46,8 +47,11 @@ from .sequence import Request, Sequence
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, cfg: EngineConfig,
                  spec: SpecConfig, vision=None) -> None:
-        """vision: the target's image encoder (models/vision.py, --mmproj), or None."""
-        spec = spec.resolved(has_draft=draft is not None)  # draft-simple needs a draft
+        """draft: a draft model, an EAGLE-3 head (models/eagle3.py) or None; vision: the
+        target's image encoder (models/vision.py, --mmproj), or None."""
+        self.head = draft if isinstance(draft, Eagle3Head) else None
+        draft = None if self.head is not None else draft
+        spec = spec.resolved(self.head is not None or draft is not None, self.head is not None)
         if cfg.n_threads > 0:  # PyTorch's own operations (the kernels are told per model)
             torch.set_num_threads(cfg.n_threads)
         self.target, self.draft, self.spec, self.vision = target, draft, spec, vision
@@ -55,7 +59,9 @@ class Engine:
         # room for the largest verification batch beyond the context: [last, *draft]
         self.max_k = spec.spare_positions
         self.caches = SlotCaches(target, draft, cfg, cfg.max_len(spec),
-                                 cfg.cache_ram_bytes(available_memory()[0]))
+                                 cfg.cache_ram_bytes(available_memory()[0]), self.head)
+        # the target's passes hand the head the inputs of its layers
+        target.model.feature_layers = () if self.head is None else self.head.target_layers
         self.cache, self.draft_cache = self.caches.target, self.caches.draft
         self.prompt_cache = self.caches.prompt  # (--cache-ram)
         self.scheduler = Scheduler(cfg, self.max_k, target.model.full_speed_rows)
@@ -64,7 +70,9 @@ class Engine:
         self._eog = sorted(i for i in self.tok.eog_ids if i < target.args.vocab_size)
         # what every sequence's speculation shares: pass costs, the draft model, the pool
         self.speculation = Speculation(draft, self.draft_cache, cfg.prefill_chunk,
-                                       spec.suffix_pool, shared_catch_up=4 * cfg.batch_size)
+                                       spec.suffix_pool, shared_catch_up=4 * cfg.batch_size,
+                                       head=self.head, head_cache=self.caches.head,
+                                       eog=tuple(self._eog))
         self.embedder = Embedder(target, self.cache)
         # threads per pass: fewer while other processes keep CPUs busy (cpushare.py)
         self._idle_since_step = True
@@ -77,6 +85,11 @@ class Engine:
     @cfg.setter
     def cfg(self, cfg: EngineConfig) -> None:
         self.scheduler.cfg = cfg
+
+    @property
+    def has_draft(self) -> tuple[bool, bool]:
+        """(a draft model or head is loaded, it is an EAGLE-3 head): SpecConfig.resolved's."""
+        return self.draft is not None or self.head is not None, self.head is not None
 
     @property
     def slots(self) -> list[Sequence | None]:
@@ -182,10 +195,10 @@ class Engine:
                 raise TandemError(f"the prompt's images: {e}") from None
         if req.id_slot >= 0:
             self.free_slot(req.id_slot)  # (one that does not exist fails now)
-        spec = self.spec if req.spec is None else req.spec.resolved(self.draft is not None)
-        if req.media and "draft-simple" in spec.types:  # the draft model reads no images
-            spec = dataclasses.replace(
-                spec, types=[t for t in spec.types if t != "draft-simple"] or ["none"])
+        spec = self.spec if req.spec is None else req.spec.resolved(*self.has_draft)
+        if req.media and spec.uses_draft:  # the draft model and the head read no images
+            spec = dataclasses.replace(spec, types=[
+                t for t in spec.types if t not in ("draft-simple", "draft-eagle3")] or ["none"])
         gen = make_generator(req.sampling.seed)
         seed = gen.initial_seed()
         seq = Sequence(req, -1, spec, None, gen, seed, self.tok.incremental(), list(ids),
@@ -228,6 +241,8 @@ class Engine:
         if calibrate(self.costs, self.target, self.cache, slot, n, self.draft, self.draft_cache,
                      self.spec.draft_vocab):
             self._calibrated = True
+            if self.head is not None:
+                calibrate_head(self.costs, self.head, self.caches.head, slot)
 
     def release(self, seq: Sequence) -> None:
         if not seq.waiting and self.slots[seq.slot] is seq:
@@ -287,9 +302,15 @@ class Engine:
         recorded as the controllers' cost of a pass by its rows (or a prompt row's cost); the
         prompt chunks it read are then in the cache."""
         batch = pack(plan.gen, drafts, plan.chunks, self.cache)
+        feats = None
+        if self.head is not None:  # every row's features, for the sequences' heads
+            feats = torch.empty(len(batch.tokens), len(self.head.target_layers) *
+                                self.target.args.dim)
         t0 = time.perf_counter()
-        logits = batch.run(self.target.model, self.cache)
+        logits = batch.run(self.target.model, self.cache, feats)
         t_fwd = time.perf_counter() - t0
+        if feats is not None:
+            self._hand_features(plan, drafts, batch, feats)
         if plan.gen and not plan.chunks:
             self.costs.record_verify(len(batch.tokens), t_fwd)
         elif plan.chunks and not plan.gen and len(batch.tokens) >= PROMPT_MEASURE_ROWS:
@@ -298,6 +319,19 @@ class Engine:
             self.cache.append(c.seq.slot, c.seq.tokens[c.start: c.end])
             c.seq.prefill_at = c.end
         return logits, t_fwd
+
+    def _hand_features(self, plan: StepPlan, drafts: list[Draft], batch, feats) -> None:
+        """Each sequence's rows of the pass (its verification rows, its prompt chunk) to its
+        speculation: what an EAGLE-3 head reads."""
+        at = 0
+        for s, d in zip(plan.gen, drafts):
+            s.speculator.hidden(batch.positions[at], feats[at: at + len(d.ids) + 1])
+            at += len(d.ids) + 1
+        for c in plan.chunks:
+            n = c.end - c.start
+            if c.seq.speculator is not None:
+                c.seq.speculator.hidden(c.start, feats[at: at + n])
+            at += n
 
     def _postprocess(self, plan: StepPlan, drafts: list[Draft], logits: torch.Tensor | None,
                      t_fwd: float) -> None:

@@ -203,7 +203,8 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     lib.tq_dequantize.restype = c_int
     lib.tq_block_bytes.argtypes = [c_int]
     lib.tq_block_bytes.restype = i64
-    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ptr, c_int, c_int]
+    lib.tq_forward.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ptr, c_int, c_int,
+                               ptr, i64, ptr]
     lib.tq_forward.restype = c_int
     lib.tq_layout.argtypes = []
     lib.tq_layout.restype = ctypes.POINTER(_Field)
@@ -478,11 +479,14 @@ class NativeLayers:
 
     def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 slots: list[int], positions: list[int], *, threads: int,
-                ends: list[int] | None = None) -> torch.Tensor:
+                ends: list[int] | None = None, capture: tuple[int, ...] = (),
+                features: torch.Tensor | None = None) -> torch.Tensor:
         """x (M, dim) float32, row m the token at positions[m] of cache slot slots[m]; returns
         the hidden states after the last layer (M, dim), on `threads` OpenMP threads. Writes
         each row's keys and values. ends: per row the position its attention stops before
-        (default positions[m] + 1, causal; an image's rows see the whole image)."""
+        (default positions[m] + 1, causal; an image's rows see the whole image).
+        features: a float32 (M, len(capture) * dim) tensor that receives each row's input to
+        the layers `capture` (an EAGLE-3 head's; an id past the last layer is the caller's)."""
         lib = _lib_or_raise(self.build)
         x = x.float().contiguous().clone()
         m = x.shape[0]
@@ -491,9 +495,14 @@ class NativeLayers:
         ends_a = None if ends is None else (ctypes.c_int64 * m)(*ends)
         n_slots, max_len = k_cache.shape[1], k_cache.shape[3]
         kv_types = CACHE_DTYPES[k_cache.dtype] | 2 * CACHE_DTYPES[v_cache.dtype]
+        cap_a, cap_out = None, None
+        if features is not None and capture:
+            assert features.dtype == torch.float32 and features.is_contiguous()
+            assert tuple(features.shape) == (m, len(capture) * x.shape[1]), features.shape
+            cap_a, cap_out = (ctypes.c_int64 * len(capture))(*capture), features.data_ptr()
         rc = lib.tq_forward(ctypes.byref(self._model), k_cache.data_ptr(), v_cache.data_ptr(),
                             n_slots, max_len, x.data_ptr(), m, slot_a, pos_a, ends_a,
-                            _threads(threads), kv_types)
+                            _threads(threads), kv_types, cap_a, len(capture), cap_out)
         if rc != 0:
             raise TandemError(f"tq_forward failed with {rc} (rows {m}, positions "
                               f"{min(positions)}..{max(positions)}, cache length {max_len})")

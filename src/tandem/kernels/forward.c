@@ -287,11 +287,15 @@ static int linear_ok(const tq_linear *l, int64_t N, int64_t K) {
  * max_len, head_dim), float32 or IEEE half (kv_types: TQ_K_F16 | TQ_V_F16). ends: NULL, or per
  * row the position its attention stops before (pos[m] + 1 is causal; an image's rows all see
  * the whole image: the rows up to ends[m] - 1 of its slot must be in this call or the cache).
+ * cap: NULL, or (M, n_cap * dim): row m's input to layer cap_layers[c] copied at
+ * cap + (m * n_cap + c) * dim, for an EAGLE-3 head (ids outside 0 .. n_layers - 1 are left
+ * to the caller: the final output is x itself).
  * Returns 0; -1 for a shape the model or the kernels do not take or a position outside the
  * cache or the rope table; -2 when out of memory. */
 int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t max_len,
                float *x, int64_t M, const int64_t *slots, const int64_t *pos,
-               const int64_t *ends, int nthreads, int kv_types) {
+               const int64_t *ends, int nthreads, int kv_types,
+               const int64_t *cap_layers, int64_t n_cap, float *cap) {
     const int64_t D = md->dim, H = md->n_heads, Hkv = md->n_kv_heads, hd = md->head_dim;
     const int64_t F = md->ffn_dim, QD = H * hd, KD = Hkv * hd;
     if (M <= 0 || D % 32 || hd % 8 || H % Hkv || (md->act != TQ_PRE_SILU && md->act != TQ_PRE_GELU))
@@ -364,6 +368,12 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                     cur = alt, alt = was;
                 }
             }
+            for (int64_t c = 0; cap && c < n_cap; c++) /* the layer's input, for a head */
+                if (cap_layers[c] == l) {
+#pragma omp for schedule(static)
+                    for (int64_t m = 0; m < M; m++)
+                        memcpy(cap + (m * n_cap + c) * D, cur + m * D, sizeof(float) * D);
+                }
             const float *lcos = L->cos ? L->cos : md->cos, *lsin = L->sin ? L->sin : md->sin;
             if (!distinct) {
 #pragma omp for schedule(static)

@@ -110,7 +110,8 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
 #define TQ_V_F16 2
 int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t max_len,
                float *x, int64_t M, const int64_t *slots, const int64_t *pos,
-               const int64_t *ends, int nthreads, int kv_types);
+               const int64_t *ends, int nthreads, int kv_types,
+               const int64_t *cap_layers, int64_t n_cap, float *cap);
 
 /* One entry of tq_layout: a struct ("tq_model": offset 0, its sizeof) or one of its fields
  * ("tq_model.dim": offsetof, sizeof). */

@@ -374,11 +374,15 @@ class Transformer(nn.Module):
                           for i, r in enumerate(kinds)]
         self.rope_of = [kinds.index(args.layer_rope(i)) for i in range(args.n_layers)]
         self._native = False  # not built yet (see native_layers)
+        # the layers whose inputs a pass hands an EAGLE-3 head when asked (`features=`);
+        # n_layers: the final pre-norm output
+        self.feature_layers: tuple[int, ...] = ()
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, slots: list[int],
                 starts: list[int], logits: str = "all", x: Tensor | None = None,
-                ends: list[list[int]] | None = None) -> Tensor | None:
+                ends: list[list[int]] | None = None,
+                features: Tensor | None = None) -> Tensor | None:
         """tokens: (B, T) long, row b written at slot slots[b] from position starts[b].
 
         logits: "all" -> (B, T, V) float32 (verification needs every row); "last" -> (B, V);
@@ -388,6 +392,8 @@ class Transformer(nn.Module):
         largest matmul of a prefill chunk). The caller records what the cache now holds.
         x: the rows' input vectors (B, T, dim) instead of the tokens' embeddings (an image's
         rows); ends: per row where its attention stops (StepContext; None: causal).
+        features: a float32 (B, T, len(feature_layers) * dim) tensor filled with every row's
+        inputs to the layers `feature_layers` (what an EAGLE-3 head reads).
         """
         B, T = tokens.shape
         x = self.embed(tokens) if x is None else x.float()  # (B, T, dim)
@@ -396,10 +402,13 @@ class Transformer(nn.Module):
         if native is not None:  # every layer in one C call (kernels/forward.c)
             rows = [s for s in slots for _ in range(T)]
             pos = [st + t for st in starts for t in range(T)]
+            caps = self.feature_layers if features is not None else ()
             x = native.forward(x.reshape(B * T, -1), cache.k, cache.v, rows, pos,
                                threads=self.threads,
-                               ends=None if ends is None else [e for r in ends for e in r]
-                               ).view(B, T, -1)
+                               ends=None if ends is None else [e for r in ends for e in r],
+                               capture=caps, features=None if not caps else
+                               features.view(B * T, -1)).view(B, T, -1)
+            self._final_feature(x, features)
             if logits == "none":
                 return None
         else:
@@ -407,7 +416,10 @@ class Transformer(nn.Module):
             ctx = StepContext(self, slots, starts, T, rowwise=logits == "all", wide=wide,
                               ends=ends)
             for i, layer in enumerate(self.layers):
+                if features is not None:
+                    self._put_feature(features, i, x)
                 x = layer(x, i, cache, ctx)
+            self._final_feature(x, features)
             if logits == "none":
                 return None
         if logits in ("last", "hidden"):
@@ -420,7 +432,8 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward_packed(self, tokens: list[int], cache: KVCache, slots: list[int],
                        positions: list[int], want: list[int],
-                       media: "MediaRows | None" = None) -> Tensor | None:
+                       media: "MediaRows | None" = None,
+                       features: Tensor | None = None) -> Tensor | None:
         """Rows of several slots and lengths in one pass, unpadded: row m is the token
         tokens[m] at position positions[m] of cache slot slots[m] (a slot's rows consecutive
         and in order). Returns the logits of the rows `want` (ascending), (len(want), V) float32,
@@ -428,7 +441,9 @@ class Transformer(nn.Module):
         rows with prompt chunks this way; each row is computed as it would be alone (the
         native layers in one C call; otherwise one pass per slot's run of rows).
         media: the rows that are an image's (their vectors, unscaled, and their attention's
-        end: the whole image, which is in this pass or the cache)."""
+        end: the whole image, which is in this pass or the cache). features: a float32
+        (M, len(feature_layers) * dim) tensor that receives every row's inputs to the layers
+        `feature_layers` (an EAGLE-3 head's; the id n_layers: the final pre-norm output)."""
         assert want == sorted(want), want
         native = self.native_layers(cache)
         x = self.embed(torch.tensor([max(t, 0) for t in tokens]))  # (M, dim)
@@ -439,8 +454,10 @@ class Transformer(nn.Module):
             for m, e in zip(media.rows, media.ends):
                 ends[m] = e
         if native is not None:
+            caps = self.feature_layers if features is not None else ()
             x = native.forward(x, cache.k, cache.v, slots, positions, threads=self.threads,
-                               ends=ends)
+                               ends=ends, capture=caps, features=features if caps else None)
+            self._final_feature(x, features)
             if not want:
                 return None
             x = rms_norm(x[want], self.norm, self.args.norm_eps).to(self.dtype)
@@ -452,13 +469,26 @@ class Transformer(nn.Module):
                 e += 1
             mine = [w - m for w in want if m <= w < e]
             run = torch.tensor([[max(t, 0) for t in tokens[m:e]]])
-            how = dict(x=x[None, m:e], ends=None if ends is None else [ends[m:e]])
+            how = dict(x=x[None, m:e], ends=None if ends is None else [ends[m:e]],
+                       features=None if features is None else features[None, m:e])
             if mine:
                 out.append(self.forward(run, cache, [slots[m]], [positions[m]], **how)[0, mine])
             else:
                 self.forward(run, cache, [slots[m]], [positions[m]], logits="none", **how)
             m = e
         return torch.cat(out) if out else None
+
+    def _put_feature(self, features: Tensor, layer: int, x: Tensor) -> None:
+        """x (the input of `layer`, or the final output: n_layers) into its columns of
+        features, for every id of feature_layers that names it."""
+        d = self.args.dim
+        for c, l in enumerate(self.feature_layers):
+            if l == layer:
+                features[..., c * d: (c + 1) * d] = x.reshape(features.shape[:-1] + (d,))
+
+    def _final_feature(self, x: Tensor, features: Tensor | None) -> None:
+        if features is not None and self.args.n_layers in self.feature_layers:
+            self._put_feature(features, self.args.n_layers, x)
 
     def embed(self, tokens: Tensor) -> Tensor:
         """The embedding rows of tokens in float32, times the model's embedding scale."""

@@ -126,7 +126,8 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
     once)."""
     if a.model is None and a.model_draft is None:  # the default pair
         a.model = "default"
-        if SpecConfig(types=a.spec_types).resolved(has_draft=True).uses_draft:
+        types = SpecConfig(types=a.spec_types)
+        if "draft-eagle3" not in (types.types or ()) and types.resolved(True).uses_draft:
             a.model_draft = "default-draft"
     elif a.model is None:
         a.model = "default"
@@ -136,6 +137,10 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
     engine = flags.engine_config(a)
     for flag, name in (("--model", a.model), ("--model-draft", a.model_draft)):
         _check_exists(flag, name, a.offline)
+    if "draft-eagle3" in spec.types:  # a head that does not fit the target: before listening
+        from ..check import inspect_head, inspect_model
+
+        inspect_head(a.model_draft, inspect_model("target", a.model))
     settings = flags.config_of(ServerSettings, a, model=a.model, model_draft=a.model_draft,
                                engine=engine, spec=spec, sampling=flags.sampling_params(a))
     flags.config_of(IgnoredFlags, a)  # says why each one given has no effect
@@ -254,7 +259,8 @@ def _load_models(state) -> None:
     if engine.draft is not None:
         verdict = check_compatible(engine.target.tokenizer, engine.draft.tokenizer)
         log.info("draft %s: %s", engine.draft.path, verdict.message)
-    log.info(spec.describe(None if engine.draft is None else engine.draft.path.name))
+    drafter = engine.draft or engine.head
+    log.info(spec.describe(None if drafter is None else drafter.path.name))
     if s.embeddings and s.pooling == "rank":
         head = engine.target.rank_head
         if head is None:
@@ -271,7 +277,7 @@ def _load_models(state) -> None:
     if s.warmup:
         _warm_up(engine)
     state.model_path = str(engine.target.path)
-    state.draft_path = None if engine.draft is None else str(engine.draft.path)
+    state.draft_path = None if drafter is None else str(drafter.path)
     if s.chat_template is not None:  # --chat-template(-file) replaces the model's
         engine.tok.chat_template = s.chat_template
         engine.tok.apply_chat_template([{"role": "user", "content": "hi"}])  # fails now if bad

@@ -51,7 +51,7 @@ def spec_of(body: SamplingFields, engine: Engine) -> SpecConfig | None:
     if not body.speculative:
         return None
     try:
-        spec = engine.spec.override(body.speculative, has_draft=engine.draft is not None)
+        spec = engine.spec.override(body.speculative, *engine.has_draft)
     except TandemError as e:
         raise ApiError(400, f"speculative settings: {e}") from None
     return None if spec is engine.spec else spec

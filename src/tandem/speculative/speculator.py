@@ -23,11 +23,13 @@ import torch
 
 from ..config import SamplingParams, SpecConfig
 from ..models.decoder import KVCache
+from ..models.eagle3 import Eagle3Head
 from ..models.loader import LoadedModel
 from ..grammar import Guide
 from .account import Account
 from .controller import AcceptanceTracker, Calibration, Controller, CostModel
 from .draft import DraftModelProposer
+from .eagle import Eagle3Proposer
 from .drafters import FreeDrafter, ModelDrafter, PooledDrafter
 from .ngram import NgramProposer
 from .proposer import Draft, Proposer
@@ -44,8 +46,13 @@ class Speculation:
     a prompt into it will pay) and the pool of earlier outputs (`--spec-suffix-pool`)."""
 
     def __init__(self, draft: LoadedModel | None, draft_cache: KVCache | None,
-                 prefill_chunk: int, pool_tokens: int = 0, shared_catch_up: int = 64) -> None:
+                 prefill_chunk: int, pool_tokens: int = 0, shared_catch_up: int = 64,
+                 head: Eagle3Head | None = None, head_cache: KVCache | None = None,
+                 eog: tuple[int, ...] = ()) -> None:
         self.draft, self.draft_cache, self.prefill_chunk = draft, draft_cache, prefill_chunk
+        # an EAGLE-3 head (--model-draft HEAD) and its cache, instead of a draft model
+        self.head, self.head_cache = head, head_cache
+        self.eog = eog  # the target's end-of-generation ids (never drafted under ignore_eos)
         # tokens a lazy draft reads per step while other rows share the pass: its catch-up
         # then spreads over steps instead of stalling every other stream at once
         self.shared_catch_up = shared_catch_up
@@ -55,8 +62,10 @@ class Speculation:
         # what each kind of proposer has shown so far, over every request: how often its
         # tokens are accepted by position and by confidence. A controller starts from these
         # rather than from its priors, so a short request does not pay to relearn them
+        # (a server has a draft model or a head, not both: they share the history)
         self.learned: dict[str, tuple[AcceptanceTracker, Calibration]] = {
             "draft-simple": (self.draft_history, Calibration())}
+        self.learned["draft-eagle3"] = self.learned["draft-simple"]
         # how long the last answers were (tokens), to judge how many tokens are still to come
         self.lengths: deque[int] = deque(maxlen=64)
 
@@ -109,6 +118,12 @@ class Speculation:
                 vocab=spec.draft_vocab, lazy=spec.adaptive, rejection=spec.draft_rejection,
                 banned=tuple(self.draft.tokenizer.eog_ids) if sampling.ignore_eos else (),
                 guide=guide)
+        if t == "draft-eagle3":
+            return Eagle3Proposer(
+                self.head, self.head_cache, slot, sampling, gen, spec.n_max, spec.n_min,
+                spec.draft_p_min, prefill_chunk=self.prefill_chunk,
+                rejection=spec.draft_rejection, guide=guide,
+                banned=tuple(self.eog) if sampling.ignore_eos else ())
         return None
 
     def _drafter(self, t: str, p: Proposer, spec: SpecConfig) -> Drafter:
@@ -217,6 +232,12 @@ class Speculator:
         self.stats.record(k, n_accepted)
         if self._by is not None and self._by.used is not None:  # (the draft's: draft_history)
             self._by.used.update(k, n_accepted, draft.conf)
+
+    def hidden(self, start: int, feats: torch.Tensor) -> None:
+        """The target computed this sequence's rows start .. (their features for a head)."""
+        for p in self.proposers:
+            if isinstance(p, Eagle3Proposer):
+                p.hidden(start, feats)
 
     def shift(self, keep: int, discard: int) -> None:
         """The sequence lost tokens keep .. keep + discard - 1 (the engine's context shift)."""

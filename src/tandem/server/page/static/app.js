@@ -6,9 +6,9 @@
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
-const ORIGINS = { target: "t", draft: "d", suffix: "s", ngram: "n", grammar: "g" };
-const ORIGIN_NAMES = { t: "the target's own", d: "draft model", s: "repetition (suffix)",
-  n: "repetition (n-gram)", g: "forced by the grammar" };
+const ORIGINS = { target: "t", draft: "d", eagle3: "e", suffix: "s", ngram: "n", grammar: "g" };
+const ORIGIN_NAMES = { t: "the target's own", d: "draft model", e: "EAGLE-3 head",
+  s: "repetition (suffix)", n: "repetition (n-gram)", g: "forced by the grammar" };
 const SAMPLING = ["temperature", "top_k", "top_p", "min_p", "max_tokens", "seed"];
 const EMPTY_SETTINGS = { temperature: "", top_k: "", top_p: "", min_p: "", max_tokens: "",
   seed: "", spec_type: "", n_max: "", probs: false, system: "" };

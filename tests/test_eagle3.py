@@ -1,0 +1,243 @@
+"""EAGLE-3 heads (models/eagle3.py, speculative/eagle.py) on tiny random targets and heads.
+
+The head's outputs against a float reference written from the paper and llama.cpp's
+eagle3.cpp (tests/tiny_eagle.py), in both formats; the target's features against
+transformers' hidden states; the engine's drafts against the reference's predictions from the
+whole sequence (the pairing of tokens and features is what acceptance rests on); greedy and
+seeded output unchanged by a head; bad heads refused by name, before a server starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from tandem import kernels
+from tandem.config import EngineConfig, Numerics, SamplingParams, SpecConfig
+from tandem.engine import Engine, Request
+from tandem.errors import ModelFileError, TandemError
+from tandem.models.decoder import KVCache
+from tandem.models.eagle3 import is_head, load_head
+from tandem.models.loader import load_model
+from tandem.speculative.eagle import Eagle3Proposer
+
+from . import tiny
+from . import tiny_eagle as te
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 8, 9, 10, 11, 120, 33, 34, 35, 36, 37]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(transformers target, its GGUF path, loaded target, head config, head weights)."""
+    d = tmp_path_factory.mktemp("eagle")
+    hf = tiny.hf_model("qwen2", seed=3)
+    path = tiny.write_gguf(hf, d / "t.gguf", "qwen2")
+    target = load_model(path, Numerics(dtype="float32"), max_len=600)
+    cfg = te.head_config(hf.config)
+    return hf, path, target, cfg, te.head_weights(cfg, seed=1)
+
+
+def _features(target, ids: list[int], layers) -> torch.Tensor:
+    target.model.feature_layers = tuple(layers)
+    cache = KVCache(target.args, 1, 256, torch.float32)
+    feats = torch.zeros(len(ids), len(layers) * target.args.dim)
+    target.model.forward_packed(ids, cache, [0] * len(ids), list(range(len(ids))), [],
+                                features=feats)
+    return feats
+
+
+def test_features_are_the_inputs_of_the_named_layers(pair):
+    hf, _, target, _, _ = pair
+    n, d = target.args.n_layers, target.args.dim
+    feats = _features(target, PROMPT, (1, 0, n))
+    with torch.no_grad():
+        hs = hf(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states
+    assert torch.allclose(feats[:, :d], hs[1][0], atol=1e-5)
+    assert torch.equal(feats[:, d: 2 * d], target.model.embed(torch.tensor(PROMPT)))
+    # the id n_layers: the final pre-norm output (transformers' last entry is normed)
+    normed = feats[:, 2 * d:] * torch.rsqrt(feats[:, 2 * d:].pow(2).mean(-1, keepdim=True)
+                                            + target.args.norm_eps) * target.model.norm
+    assert torch.allclose(normed, hs[-1][0], atol=1e-5)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="native kernels unavailable")
+def test_the_c_layers_hand_the_same_features(tmp_path):
+    path = tiny.write_gguf(tiny.hf_model("qwen2", seed=5), tmp_path / "q.gguf", "qwen2",
+                           qtype=QT.Q8_0)
+    m = load_model(path, Numerics(weights="native", activations="int16"), max_len=128)
+    layers = (1, 0, m.args.n_layers)
+    got = _features(m, PROMPT, layers)
+    cache = KVCache(m.args, 1, 128, torch.float32)
+    assert m.model.native_layers(cache) is not None
+    m.model._native = None  # the PyTorch layers, same kernels
+    want = _features(m, PROMPT, layers)
+    assert (got - want).abs().max() <= 2e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+@pytest.mark.parametrize("variant", ["plain", "norms", "own-embed"])
+def test_head_matches_the_float_reference(pair, tmp_path, fmt, variant):
+    """Pairs read as a prompt chunk, then one at a time (the cache), equal the reference's
+    whole-sequence pass: pre-norm outputs, logits and the mapped target ids."""
+    hf, _, target, cfg, w = pair
+    if variant == "norms":
+        cfg = {**cfg, "norm_before_residual": True, "norm_before_fc": True}
+    if variant != "plain":
+        w = te.head_weights(cfg, seed=2, own_embed=variant == "own-embed")
+    path = (te.write_hf(cfg, w, tmp_path / "h") if fmt == "hf"
+            else te.write_gguf(cfg, w, tmp_path / "h.gguf"))
+    assert is_head(path)
+    head = load_head(path, target)
+    feats = _features(target, PROMPT, cfg["eagle_aux_hidden_state_layer_ids"])[:-1]
+    ref_h, ref_logits, ref_ids = te.reference(cfg, w, hf.model.embed_tokens.weight.detach(),
+                                              feats, PROMPT[1:])
+    cache = head.cache(2, 64)
+    g = head.encode(feats)
+    h = [head.forward(PROMPT[1:9], g[:8], cache, 1, 0)]
+    h += [head.forward([t], g[8 + i: 9 + i], cache, 1, 8 + i) for i, t in enumerate(PROMPT[9:])]
+    h = torch.cat(h)
+    logits = head.logits(h)
+    assert torch.allclose(h, ref_h, atol=1e-4)
+    assert torch.allclose(logits, ref_logits, atol=1e-4)
+    assert head.to_target(logits.argmax(-1)) == ref_ids.tolist()
+
+
+@pytest.mark.skipif(not kernels.available(), reason="native kernels unavailable")
+def test_a_quantized_head_runs_on_the_kernels(pair, tmp_path):
+    hf, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "q.gguf", qtype=QT.Q8_0), target,
+                     Numerics(weights="native"))
+    assert type(head.w["wq"]).__name__ == "GGUFLinear"
+    feats = _features(target, PROMPT, cfg["eagle_aux_hidden_state_layer_ids"])[:-1]
+    _, ref_logits, _ = te.reference(cfg, w, hf.model.embed_tokens.weight.detach(), feats,
+                                    PROMPT[1:])
+    logits = head.logits(head.forward(PROMPT[1:], head.encode(feats), head.cache(1, 64), 0, 0))
+    assert (logits - ref_logits).abs().max() <= 0.05 * ref_logits.abs().max()
+
+
+def _engine(target, head, types: str, **cfg) -> Engine:
+    return Engine(target, head, EngineConfig(ctx_size=512, **cfg), SpecConfig(types=types))
+
+
+def _run(engine: Engine, sampling: SamplingParams, prompt=PROMPT):
+    return engine.generate(Request(prompt_ids=list(prompt), sampling=sampling))
+
+
+GREEDY = SamplingParams(temperature=0.0, n_predict=48)
+
+
+@pytest.mark.parametrize("types", ["draft-eagle3", "auto"])
+def test_greedy_output_is_the_targets(pair, tmp_path, types):
+    _, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    alone = _run(_engine(target, None, "none"), GREEDY)
+    e = _engine(target, head, types)
+    for prompt in (PROMPT, PROMPT[:3], [PROMPT[0]]):
+        got = _run(e, GREEDY, prompt)
+        assert got.output == _run(_engine(target, None, "none"), GREEDY, prompt).output
+    assert _run(e, GREEDY).output == alone.output
+    assert e.spec.types[-1] == "draft-eagle3"
+
+
+def test_seeded_sampling_gives_the_targets_text(pair, tmp_path):
+    """The head proposes its top token and the target draws its own sample at each row, so a
+    seed gives the text it gives without speculation (as llama-server)."""
+    _, _, target, cfg, w = pair
+    head = load_head(te.write_hf(cfg, w, tmp_path / "h"), target)
+    s = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=11, n_predict=40)
+    assert _run(_engine(target, head, "draft-eagle3"), s).output == \
+        _run(_engine(target, None, "none"), s).output
+
+
+def test_drafts_are_the_references_predictions(pair, tmp_path, monkeypatch):
+    """In the engine's loop, each first drafted token is what the reference predicts from the
+    target's features of the whole sequence so far: the head reads the pair (token[P+1],
+    g_P) at position P, prompt chunks and verified rows alike, and nothing else."""
+    hf, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    seen: list[tuple[int, int]] = []
+    propose = Eagle3Proposer.propose
+
+    def spy(self, k, extend=None):
+        d = propose(self, k, extend)
+        if d.ids:
+            seen.append((len(self.tokens), d.ids[0]))
+        return d
+
+    monkeypatch.setattr(Eagle3Proposer, "propose", spy)
+    e = _engine(target, head, "draft-eagle3", prefill_chunk=5)
+    out = _run(e, GREEDY).output
+    seq = PROMPT + out
+    feats = _features(target, seq, cfg["eagle_aux_hidden_state_layer_ids"])
+    _, _, ref_ids = te.reference(cfg, w, hf.model.embed_tokens.weight.detach(), feats[:-1],
+                                 seq[1:])
+    assert len(seen) >= len(out) // 2
+    for n, first in seen:  # n tokens known: the pair at n - 2 predicts token n
+        assert first == int(ref_ids[n - 2])
+
+
+def test_spec_types_and_a_head(pair, tmp_path):
+    _, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    with pytest.raises(TandemError, match="draft-eagle3"):
+        _engine(target, head, "draft-simple")
+    with pytest.raises(TandemError, match="needs an EAGLE-3 head"):
+        _engine(target, None, "draft-eagle3")
+    assert _engine(target, head, "auto").spec.types == ["suffix", "draft-eagle3"]
+
+
+# ---- bad heads ------------------------------------------------------------------------------
+
+
+BAD = {
+    "another target's width": (dict(meta={"target_hidden_size": 96}), "target_hidden_size"),
+    "two target layers": (dict(meta={"target_layers": [0, 1]}), "exactly 3"),
+    "a layer past the target": (dict(meta={"target_layers": [0, 1, 7]}), "names layer 7"),
+    "no target layers": (dict(meta={"target_layers": None}), "eagle3.target_layers"),
+    "another vocabulary": (dict(tokens=[f"t{i}" for i in range(50)]), "another target"),
+    "no fc": (dict(drop=("fc.weight",)), "'fc.weight'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_heads_are_refused_by_name(pair, tmp_path, case):
+    _, _, target, cfg, w = pair
+    how, match = BAD[case]
+    path = te.write_gguf(cfg, w, tmp_path / "bad.gguf", **how)
+    with pytest.raises(ModelFileError, match=match):
+        load_head(path, target)
+
+
+def test_a_d2t_outside_the_vocabulary_is_refused(pair, tmp_path):
+    _, _, target, cfg, w = pair
+    w = dict(w, d2t=w["d2t"].clone())
+    w["d2t"][3] = 10_000
+    with pytest.raises(ModelFileError, match="d2t.*draft id 3.*outside"):
+        load_head(te.write_gguf(cfg, w, tmp_path / "bad.gguf"), target)
+    with pytest.raises(ModelFileError, match="d2t.*draft id 3.*outside"):
+        load_head(te.write_hf(cfg, w, tmp_path / "bad"), target)
+
+
+def test_a_truncated_head_is_refused(pair, tmp_path):
+    _, _, target, cfg, w = pair
+    path = te.write_gguf(cfg, w, tmp_path / "h.gguf")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(ModelFileError, match="truncated|extends past"):
+        load_head(path, target)
+
+
+def test_the_server_refuses_a_bad_head_before_it_starts(pair, tmp_path):
+    _, target_path, _, cfg, w = pair
+    bad = te.write_gguf(cfg, w, tmp_path / "bad.gguf", meta={"target_layers": [0, 1]})
+    r = subprocess.run([sys.executable, "-m", "tandem.cli", "serve", "-m", str(target_path),
+                        "--model-draft", str(bad), "--spec-type", "draft-eagle3",
+                        "--port", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "eagle3.target_layers" in r.stderr and "exactly 3" in r.stderr
+    assert "listening" not in (r.stderr + r.stdout).lower()
