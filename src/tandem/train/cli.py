@@ -59,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the GGUF's matrices (default q8_0; norms stay f32)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where training runs (auto: CUDA when there is one)")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="the training products: bf16 (autocast; weights, optimizer and "
+                        "validation float32) or fp32; auto: bf16 where the device computes it "
+                        "natively (about twice as fast on an AVX-512 BF16 CPU)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
 
@@ -74,6 +78,14 @@ def _layers(text: str, n_layers: int) -> list[int]:
         raise TandemError(f"--layers must be three layer ids in 0 .. {n_layers} "
                           f"(the target has {n_layers} layers), got {text!r}")
     return ids
+
+
+def _bf16(precision: str, device: str) -> bool:
+    if precision != "auto":
+        return precision == "bf16"
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def build_head(target, cap, ids, ffn: int, seed: int) -> Eagle3Head:
@@ -106,14 +118,14 @@ def run(a: argparse.Namespace) -> int:
         raise TandemError(f"--threads must be >= 0 (0 = all cores), got {a.threads}")
     if a.threads:
         torch.set_num_threads(a.threads)
+    device = "cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) \
+        else "cpu"
     cfg = TrainConfig(steps=a.steps, ttt=a.ttt, lr=a.lr, batch=a.batch, seed=a.seed,
-                      eval_every=a.eval_every)
+                      eval_every=a.eval_every, bf16=_bf16(a.precision, device))
     if a.seq_len < cfg.ttt + 2:
         raise TandemError(f"--seq-len must be at least --ttt + 2 = {cfg.ttt + 2}, got {a.seq_len}")
     if a.topk < 1:
         raise TandemError(f"--topk must be at least 1, got {a.topk}")
-    device = "cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) \
-        else "cpu"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_model(a.target, Numerics(threads=a.threads), max_len=a.seq_len)

@@ -226,8 +226,8 @@ def _size(path: Path) -> int:
                                                      if f.is_file())
 
 
-def _bar(total: int, initial: int, desc: str, on: bool):
+def _bar(total: int, initial: int, desc: str, on: bool, unit: str = "tok"):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="tok", desc=desc, disable=not on,
+    return tqdm(total=total, initial=initial, unit=unit, desc=desc, disable=not on,
                 dynamic_ncols=True)

@@ -100,6 +100,7 @@ def export_gguf(head: Eagle3Head, path: Path, target_metadata: dict, gguf_type: 
     c = head.config
     w = gguf.GGUFWriter(str(path), "eagle3")
     arch = "eagle3"
+    w.add_type(gguf.GGUFType.MODEL)
     w.add_name("tandem EAGLE-3 head")
     w.add_block_count(1)
     w.add_context_length(c.max_position_embeddings)
@@ -119,8 +120,8 @@ def export_gguf(head: Eagle3Head, path: Path, target_metadata: dict, gguf_type: 
     w.add_uint32(f"{arch}.target_hidden_size", c.target_hidden_size)
     w.add_bool(f"{arch}.norm_before_residual", c.norm_before_residual)
     w.add_bool(f"{arch}.norm_before_fc", c.norm_before_fc)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _copy_tokenizer(w, target_metadata)
-    quantized = False
     for name, t in gguf_tensors(head).items():
         if name == "d2t":
             w.add_tensor(name, t, raw_dtype=gguf.GGMLQuantizationType.I64)
@@ -134,10 +135,7 @@ def export_gguf(head: Eagle3Head, path: Path, target_metadata: dict, gguf_type: 
         except gguf.QuantError:
             qtype, data = gguf.GGMLQuantizationType.F16, gguf.quants.quantize(
                 t, gguf.GGMLQuantizationType.F16)
-        quantized |= qtype not in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
         w.add_tensor(name, data, raw_dtype=qtype)
-    if quantized:
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

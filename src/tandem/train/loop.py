@@ -47,6 +47,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 0  # 0: a tenth of the steps
     val_batches: int = 8
+    bf16: bool = False  # products in bfloat16 (autocast), weights and optimizer float32
 
     def __post_init__(self) -> None:
         for name in ("steps", "ttt", "batch"):
@@ -199,14 +200,15 @@ def train(head: Eagle3Head, cap: Captured, cfg: TrainConfig, out: Path,
         _log(out, rec)
         log(_line(rec))
     rec: dict = {}
-    bar = _bar(cfg.steps, state["step"], "train", progress)
+    bar = _bar(cfg.steps, state["step"], "train", progress, unit="step")
     t0 = time.perf_counter() - state["seconds"]
     for step in range(state["step"], cfg.steps):
         head.train()
         b = _to(cap.batch(batch_indices(train_idx, step, cfg.batch, cfg.seed)), device)
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step)
-        loss, _ = ttt_loss(head, b, index, cfg.ttt, cfg.decay)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, _ = ttt_loss(head, b, index, cfg.ttt, cfg.decay)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
