@@ -16,7 +16,7 @@ from tandem.cli import main
 from tandem.config import Numerics
 from tandem.models.gguf_file import GGUFFile
 from tandem.models.loader import load_model
-from tandem.train import data, export, loop
+from tandem.train import answers, data, export, loop
 from tandem.train.cli import build_head
 from tandem.train.head import Eagle3Head, HeadConfig
 
@@ -42,7 +42,7 @@ def target(tmp_path_factory):
     d = tmp_path_factory.mktemp("target")
     ref = tiny.hf_model("qwen2", seed=3, num_hidden_layers=4)
     path = tiny.write_gguf(ref, d / "t.gguf", "qwen2")
-    return ref, load_model(path, Numerics(dtype="float32"), max_len=128)
+    return ref, load_model(path, Numerics(dtype="float32"), max_len=2048)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +182,26 @@ def test_resume_equals_an_unbroken_run(target, captured, tmp_path):
                 for ln in (d / "curve.jsonl").read_text().splitlines()]
 
     assert curve(tmp_path / "a") == curve(tmp_path / "b")
+
+
+def test_answers_are_the_targets_greedy_continuations(target, tmp_path):
+    ref, tgt = target
+    ps = answers.prompts(3, seed=1)
+    assert len(ps) == 3 and len(set(ps)) == 3 and all(p.strip() for p in ps)
+    got = answers.self_answers(tgt, tmp_path, 2, seed=1, max_new=6, progress=False)
+    prompt = tgt.tokenizer.encode(tgt.tokenizer.apply_chat_template(
+        [{"role": "user", "content": ps[0]}]), parse_special=True)
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                            eos_token_id=tgt.tokenizer.eos_id)[0].tolist()
+    assert got[0] == want
+    # a longer list goes on from the answers already kept
+    again = answers.self_answers(tgt, tmp_path, 3, seed=1, max_new=6, progress=False)
+    assert again[:2] == got and len((tmp_path / "answers.jsonl").read_text().splitlines()) == 3
+    # the corpus takes them in among the files
+    stream = data.corpus_tokens(tgt.tokenizer, 4000, 0, again).tolist()
+    text = ",".join(map(str, stream))
+    assert all(",".join(map(str, doc)) in text for doc in again)
 
 
 # ---- export -----------------------------------------------------------------------------------

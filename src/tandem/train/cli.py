@@ -2,7 +2,7 @@
 on them, export it. Everything lives in --out; running the same command again resumes (the
 capture at its next sequence, the training at its last checkpoint).
 
-    DIR/capture/      the corpus as the target read it (data.py)
+    DIR/capture/      the corpus as the target read it (data.py), its answers (answers.py)
     DIR/checkpoint.pt the model, optimizer and step (loop.py)
     DIR/curve.jsonl   one validation record per evaluation: step, tokens, seconds,
                       acc / cond per unrolled step, expected accepted drafts
@@ -21,6 +21,7 @@ import torch
 
 from ..config import Numerics
 from ..errors import TandemError
+from .answers import self_answers
 from .data import capture, choose_vocabulary, target_output_rows
 from .export import GGUF_TYPES, export
 from .head import Eagle3Head, HeadConfig
@@ -34,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="where everything is kept")
     p.add_argument("--corpus-tokens", type=int, default=200_000, metavar="N",
                    help="tokens of the standard library's sources to read (default 200000)")
+    p.add_argument("--answers", type=int, default=0, metavar="N",
+                   help="also the target's greedy answers to N prompts written from the "
+                        "standard library, in the corpus (slow: decoding; default 0)")
+    p.add_argument("--answer-tokens", type=int, default=256, metavar="N",
+                   help="the longest answer, in tokens (default 256)")
     p.add_argument("--seq-len", type=int, default=512, metavar="N",
                    help="tokens per training sequence (default 512)")
     p.add_argument("--layers", default="", metavar="A,B,C",
@@ -124,15 +130,24 @@ def run(a: argparse.Namespace) -> int:
                       eval_every=a.eval_every, bf16=_bf16(a.precision, device))
     if a.seq_len < cfg.ttt + 2:
         raise TandemError(f"--seq-len must be at least --ttt + 2 = {cfg.ttt + 2}, got {a.seq_len}")
-    if a.topk < 1:
-        raise TandemError(f"--topk must be at least 1, got {a.topk}")
+    for flag, value in (("--topk", a.topk), ("--answer-tokens", a.answer_tokens),
+                        ("--corpus-tokens", a.corpus_tokens)):
+        if value < 1:
+            raise TandemError(f"{flag} must be at least 1, got {value}")
+    if a.answers < 0:
+        raise TandemError(f"--answers must be >= 0, got {a.answers}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_model(a.target, Numerics(threads=a.threads), max_len=a.seq_len)
+    # positions: a training sequence's, or a prompt and its answer's
+    target = load_model(a.target, Numerics(threads=a.threads),
+                        max_len=max(a.seq_len, 4096 if a.answers else 0))
     layers = _layers(a.layers, target.args.n_layers)
     t0 = time.perf_counter()
+    answers = self_answers(target, out / "capture", a.answers, a.seed, a.answer_tokens,
+                           a.progress) if a.answers > 0 else []
     cap = capture(target, out / "capture", n_tokens=a.corpus_tokens, seq_len=a.seq_len,
-                  layers=layers, topk=a.topk, seed=a.seed, progress=a.progress)
+                  layers=layers, topk=a.topk, seed=a.seed, progress=a.progress,
+                  answers=answers)
     print(f"capture: {cap.meta['n_seqs']} sequences of {a.seq_len} tokens, layers {layers}, "
           f"{cap.meta['n_seqs'] * a.seq_len / max(cap.meta['seconds'], 1e-9):.1f} tokens/s "
           f"({time.perf_counter() - t0:.1f} s this run)")

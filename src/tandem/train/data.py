@@ -2,9 +2,10 @@
 and its next-token distributions kept on disk (resumable), and the draft vocabulary.
 
 The corpus is the Python standard library's own sources (with their docstrings): text every
-machine with Python has, and none of any benchmark's prompts. Files are shuffled by the seed,
-each opened by a comment naming it, joined into one token stream and cut into sequences of
-`seq_len` tokens. Each sequence is read by the target from position 0 (a fresh cache), and
+machine with Python has, and none of any benchmark's prompts; optionally with the target's
+own answers to prompts written from it (answers.py). Files and answers are shuffled by the
+seed, each file opened by a comment naming it, joined into one token stream and cut into
+sequences of `seq_len` tokens. Each sequence is read by the target from position 0 (a fresh cache), and
 for every position kept:
 
     tokens     (N, L) int32     the sequence
@@ -46,23 +47,28 @@ def stdlib_files(seed: int) -> list[Path]:
     return files
 
 
-def corpus_tokens(tokenizer, n_tokens: int, seed: int) -> np.ndarray:
-    """At least n_tokens token ids of standard-library files, each opened by its name."""
+def corpus_tokens(tokenizer, n_tokens: int, seed: int,
+                  extra: list[list[int]] | None = None) -> np.ndarray:
+    """n_tokens token ids: standard-library files, each opened by its name, and the documents
+    `extra` (token ids: the target's own answers) shuffled in among them."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    out: list[int] = []
+    docs = list(extra or [])
+    have = sum(map(len, docs))
     for f in stdlib_files(seed):
+        if have >= n_tokens:
+            break
         try:
             text = f.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        out += tokenizer.encode(f"# {f.relative_to(root)}\n{text}\n\n", add_special=False,
-                                parse_special=False)
-        if len(out) >= n_tokens:
-            break
-    if len(out) < n_tokens:
-        raise TandemError(f"the standard library holds {len(out)} tokens, fewer than the "
+        docs.append(tokenizer.encode(f"# {f.relative_to(root)}\n{text}\n\n", add_special=False,
+                                     parse_special=False))
+        have += len(docs[-1])
+    if have < n_tokens:
+        raise TandemError(f"the standard library holds {have} tokens, fewer than the "
                           f"{n_tokens} asked for (--corpus-tokens)")
-    return np.asarray(out[:n_tokens], dtype=np.int32)
+    random.Random(seed).shuffle(docs)
+    return np.asarray([t for doc in docs for t in doc][:n_tokens], dtype=np.int32)
 
 
 @dataclass
@@ -134,14 +140,16 @@ def _create(d: Path, meta: dict, seqs: np.ndarray, width: int, k: int) -> Captur
 
 
 def capture(target, d: Path, *, n_tokens: int, seq_len: int, layers: list[int], topk: int,
-            seed: int, chunk: int = 128, progress: bool = True) -> Captured:
-    """Read the corpus with the target (a LoadedModel) into d, resuming what is there."""
+            seed: int, chunk: int = 128, progress: bool = True,
+            answers: list[list[int]] | None = None) -> Captured:
+    """Read the corpus (with `answers`, the target's own, among it) with the target (a
+    LoadedModel) into d, resuming what is there."""
     want = {"target": str(target.path), "target_bytes": _size(target.path),
             "layers": list(layers), "seq_len": seq_len, "topk": topk,
-            "corpus_tokens": n_tokens, "seed": seed}
+            "corpus_tokens": n_tokens, "seed": seed, "answers": len(answers or [])}
     cap = open_capture(d, want)
     if cap is None:
-        stream = corpus_tokens(target.tokenizer, n_tokens, seed)
+        stream = corpus_tokens(target.tokenizer, n_tokens, seed, answers)
         n = len(stream) // seq_len
         if n < 2:
             raise TandemError(f"--corpus-tokens {n_tokens} makes {n} sequence(s) of "
@@ -149,7 +157,7 @@ def capture(target, d: Path, *, n_tokens: int, seq_len: int, layers: list[int], 
         seqs = stream[: n * seq_len].reshape(n, seq_len)
         meta = {**want, "n_seqs": n, "done": 0, "seconds": 0.0,
                 "dim": target.args.dim, "vocab_size": target.args.vocab_size,
-                "corpus": "python stdlib sources, shuffled files"}
+                "corpus": "python stdlib sources and the target's answers, shuffled"}
         cap = _create(d, meta, seqs, len(layers) * target.args.dim, topk)
     if cap.complete:
         return cap
