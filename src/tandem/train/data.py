@@ -211,23 +211,6 @@ def choose_vocabulary(cap: Captured, train: list[int], n: int, vocab_size: int) 
     return np.sort(order[:n]).astype(np.int64)
 
 
-def target_output_rows(model, ids: np.ndarray) -> torch.Tensor | None:
-    """The target's output projection's rows `ids` (float32, (len(ids), dim)), or None where
-    its weights are in a form this cannot read."""
-    from ..models.linear import Dense
-    from ..models.quant import GGUFLinear, dequantize
-
-    out = model.output
-    if isinstance(out, Dense):
-        return out.weight[torch.as_tensor(ids)].float().clone()
-    if isinstance(out, GGUFLinear):
-        raw = out.raw
-        rows = type(raw)(raw.name, raw.qtype, (len(ids), raw.shape[1]),
-                         np.ascontiguousarray(raw.data[ids]))
-        return dequantize(rows)
-    return None
-
-
 def _size(path: Path) -> int:
     p = Path(path)
     return p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*")
