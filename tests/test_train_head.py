@@ -207,7 +207,7 @@ def test_answers_are_the_targets_greedy_continuations(target, tmp_path):
 # ---- export -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("gtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("gtype", ["f32", "q8_0", "q4_0"])
 def test_gguf_export_reads_back(target, captured, tmp_path, gtype):
     _, tgt = target
     head = new_head(tgt, captured, vocab=128)
@@ -236,14 +236,14 @@ def test_gguf_export_reads_back(target, captured, tmp_path, gtype):
     assert t["d2t"].tensor_type == gguf.GGMLQuantizationType.I64
     assert np.array_equal(t["d2t"].data, head.draft_to_target(torch.arange(128)).numpy())
     assert t["blk.0.attn_norm_2.weight"].tensor_type == gguf.GGMLQuantizationType.F32
-    want_type = gguf.GGMLQuantizationType.F32 if gtype == "f32" else gguf.GGMLQuantizationType.Q8_0
-    assert t["blk.0.ffn_up.weight"].tensor_type == want_type
+    want_type = gguf.GGMLQuantizationType[export.GGUF_TYPES[gtype][0]]
+    assert t["blk.0.ffn_up.weight"].tensor_type == want_type == t["output.weight"].tensor_type
 
     def weight(name):
         x = t[name]
         return gguf.quants.dequantize(x.data, x.tensor_type).reshape(x.shape.tolist()[::-1])
 
-    tol = 0 if gtype == "f32" else 0.02
+    tol = {"f32": 0, "q8_0": 0.02, "q4_0": 0.2}[gtype]
     for proj, heads in (("q", c.num_attention_heads), ("k", c.num_key_value_heads)):
         got = export.unpermute(weight(f"blk.0.attn_{proj}.weight"), heads)
         want = getattr(head.midlayer.self_attn, f"{proj}_proj").weight.detach().numpy()
