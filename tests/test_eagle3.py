@@ -241,3 +241,76 @@ def test_the_server_refuses_a_bad_head_before_it_starts(pair, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "eagle3.target_layers" in r.stderr and "exactly 3" in r.stderr
     assert "listening" not in (r.stderr + r.stdout).lower()
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_a_trained_heads_exports_run_as_it_trained(pair, tmp_path, fmt):
+    """`tandem train-head`'s module (the float reference it trains) exported, then loaded by
+    the runtime: the same draft logits for the same pairs."""
+    from tandem.models.gguf_file import GGUFFile
+    from tandem.train.export import export_gguf, export_hf
+    from tandem.train.head import Eagle3Head as Trained
+    from tandem.train.head import HeadConfig
+
+    hf, target_path, target, cfg, _ = pair
+    n = target.args.n_layers
+    c = HeadConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=target.args.vocab_size,
+                   draft_vocab_size=40, target_hidden_size=64,
+                   eagle_aux_hidden_state_layer_ids=[0, 1, n])
+    torch.manual_seed(4)
+    m = Trained(c)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    m.set_vocabulary(torch.randperm(c.vocab_size)[:40].sort().values)
+    emb = hf.model.embed_tokens.weight.detach()
+    m.target_embed = emb
+    if fmt == "hf":
+        export_hf(m, tmp_path)
+        path = tmp_path
+    else:
+        path = tmp_path / "head.gguf"
+        export_gguf(m, path, GGUFFile(target_path).metadata, "f32")
+    head = load_head(path, target)
+    feats = _features(target, PROMPT, c.eagle_aux_hidden_state_layer_ids)[:-1]
+    with torch.no_grad():
+        g = m.encode(feats)[None]
+        want_h, want, _ = m(torch.tensor([PROMPT[1:]]), g, torch.arange(len(PROMPT) - 1))
+    got_h = head.forward(PROMPT[1:], head.encode(feats), head.cache(1, 64), 0, 0)
+    assert torch.allclose(got_h, want_h[0], atol=1e-4)
+    assert torch.allclose(head.logits(got_h), want[0], atol=1e-4)
+    ids = want[0].argmax(-1)
+    assert head.to_target(ids) == m.draft_to_target(ids).tolist()
+
+
+def test_a_chats_next_turn_keeps_what_the_head_read(pair, tmp_path, monkeypatch):
+    """The next request in a slot whose prompt starts with the last one's prompt and answer
+    (a chat's next turn): the target reuses its cache, the head the pairs it read; its drafts
+    are still the reference's predictions from the whole sequence, and the output the
+    target's."""
+    hf, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    e = _engine(target, head, "draft-eagle3")
+    first = _run(e, GREEDY)
+    turn = PROMPT + first.output + [12, 40, 41, 42]
+    seen: list[tuple[int, int]] = []
+    propose = Eagle3Proposer.propose
+
+    def spy(self, k, extend=None):
+        d = propose(self, k, extend)
+        if d.ids:
+            seen.append((len(self.tokens), d.ids[0], self.base))
+        return d
+
+    monkeypatch.setattr(Eagle3Proposer, "propose", spy)
+    second = _run(e, GREEDY, turn)
+    assert second.n_prompt_processed < len(turn) // 2  # the target reused its cache
+    assert second.output == _run(_engine(target, None, "none"), GREEDY, turn).output
+    seq = turn + second.output
+    feats = _features(target, seq, cfg["eagle_aux_hidden_state_layer_ids"])
+    _, _, ref_ids = te.reference(cfg, w, hf.model.embed_tokens.weight.detach(), feats[:-1],
+                                 seq[1:])
+    assert seen and all(base == 0 for _, _, base in seen)
+    for n, first_id, _ in seen:
+        assert first_id == int(ref_ids[n - 2])

@@ -293,7 +293,10 @@ def load_head(path: str | Path, target, numerics: Numerics | None = None,
         t = f.tensors[f.names[role]]
         if f.source == "hf":
             return Dense(t.to(dt))
-        return make_linear(t, dt, mode, bits=numerics.bits, threads=numerics.thread_count)
+        # fc reads the target's layer inputs, whose few outliers (thousands, next to values
+        # near 1) would leave the rest nothing of an int8 block: 16-bit activations there
+        bits = 16 if role == "fc" else numerics.bits
+        return make_linear(t, dt, mode, bits=bits, threads=numerics.thread_count)
 
     def vector(role: str) -> Tensor:
         t = f.tensors[f.names[role]]

@@ -29,6 +29,10 @@ from ..sampling import logits_to_probs, sample
 from .proposer import Draft
 
 
+# pairs a finished request still reads for the slot's next request (more: it starts afresh)
+END_READ = 64
+
+
 class Eagle3Proposer:
     """Drafts up to n_max tokens with the head, one head pass per token (the first also reads
     the pairs the last verification completed). Stops, as DraftModelProposer does, below
@@ -41,8 +45,13 @@ class Eagle3Proposer:
     def __init__(self, head: Eagle3Head, cache: KVCache, slot: int, sampling: SamplingParams,
                  gen: torch.Generator | None, n_max: int, n_min: int, p_min: float,
                  prefill_chunk: int = 512, rejection: bool = False,
-                 banned: tuple[int, ...] = (), guide: Guide | None = None) -> None:
+                 banned: tuple[int, ...] = (), guide: Guide | None = None,
+                 bases: dict[int, int | None] | None = None) -> None:
+        """bases: per cache slot, the sequence position its pairs start from (shared by the
+        slot's successive proposers: a request whose prompt begins as the slot's last one did,
+        a chat's next turn, keeps the pairs the head read, as the target keeps its cache)."""
         self.head, self.cache, self.slot = head, cache, slot
+        self.bases = {} if bases is None else bases
         self.sampling, self.gen = sampling, gen
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.prefill_chunk = prefill_chunk
@@ -70,25 +79,35 @@ class Eagle3Proposer:
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.tokens = list(prompt_ids)
-        self._restart(None)
+        keep = 0
+        if self.bases.get(self.slot) == 0:  # the pairs of a common prefix are the same pairs
+            keep = self.cache.common_prefix(self.slot, self.tokens[1:])
+        self.cache.truncate(self.slot, keep)
+        self.base, self.held, self.pend, self.last = (0 if keep else None), keep, \
+            torch.empty(0), None
+        self.bases[self.slot] = self.base
         self.pend = torch.empty(0)
         self.last = None
 
     def hidden(self, start: int, feats: torch.Tensor) -> None:
         """The target computed rows start .. start + len(feats) - 1 of this sequence: their
         features (the head's target layers' inputs, concatenated)."""
-        if self.base is None or start != self._fed() + len(self.pend):
-            if self.base is not None and start < self._fed() + len(self.pend) and \
-                    start >= self._fed():  # rows again (a verification after a rollback)
-                self.pend = self.pend[: start - self._fed()]
-            else:  # the first rows, or a gap (a reused prefix): the head starts here
-                self._restart(start)
+        fed = self._fed()
+        if self.base is None or not self.base <= start <= fed + len(self.pend):
+            self._restart(start)  # the first rows, or a gap (a prefix the target reused)
+        elif start < fed:  # rows the head read already (kept from the slot's last request)
+            self.held = start - self.base
+            self.cache.truncate(self.slot, self.held)
+            self.pend, self.last = torch.empty(0), None
+        else:
+            self.pend = self.pend[: start - fed]
         self.pend = torch.cat([self.pend, feats.float()]) if len(self.pend) else feats.float()
 
     def _restart(self, base: int | None) -> None:
         """Forget what the head read; it reads on from sequence position base."""
         self.cache.truncate(self.slot, 0)
         self.base, self.held, self.pend, self.last = base, 0, torch.empty(0), None
+        self.bases[self.slot] = base
 
     def behind(self) -> int:
         """Pairs to read beyond what one draft reads with its first pass (a prompt not yet
@@ -199,4 +218,9 @@ class Eagle3Proposer:
         self._restart(None)
 
     def end(self) -> None:
-        pass
+        """Read the last verified rows' pairs (at most END_READ): a next request in this slot
+        that continues this sequence (a chat's next turn) then finds every pair the target's
+        cache keeps, and the head sees the whole conversation."""
+        n = self._readable()
+        if 0 < n <= END_READ:
+            self._read(n)

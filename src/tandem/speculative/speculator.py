@@ -53,6 +53,7 @@ class Speculation:
         # an EAGLE-3 head (--model-draft HEAD) and its cache, instead of a draft model
         self.head, self.head_cache = head, head_cache
         self.eog = eog  # the target's end-of-generation ids (never drafted under ignore_eos)
+        self.head_bases: dict[int, int | None] = {}  # per slot, where the head's pairs start
         # tokens a lazy draft reads per step while other rows share the pass: its catch-up
         # then spreads over steps instead of stalling every other stream at once
         self.shared_catch_up = shared_catch_up
@@ -123,7 +124,7 @@ class Speculation:
                 self.head, self.head_cache, slot, sampling, gen, spec.n_max, spec.n_min,
                 spec.draft_p_min, prefill_chunk=self.prefill_chunk,
                 rejection=spec.draft_rejection, guide=guide,
-                banned=tuple(self.eog) if sampling.ignore_eos else ())
+                banned=tuple(self.eog) if sampling.ignore_eos else (), bases=self.head_bases)
         return None
 
     def _drafter(self, t: str, p: Proposer, spec: SpecConfig) -> Drafter:
