@@ -314,3 +314,34 @@ def test_a_chats_next_turn_keeps_what_the_head_read(pair, tmp_path, monkeypatch)
     assert seen and all(base == 0 for _, _, base in seen)
     for n, first_id, _ in seen:
         assert first_id == int(ref_ids[n - 2])
+
+
+def test_rejection_sampling_gets_the_heads_distribution(pair, tmp_path):
+    """--spec-draft-rejection: drafts drawn from the head's distribution, returned as q over
+    the whole vocabulary (zero outside the head's), as the verifier needs it."""
+    _, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    cache = head.cache(1, 64)
+    s = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+    p = Eagle3Proposer(head, cache, 0, s, torch.Generator().manual_seed(3), 4, 0, 0.0,
+                       rejection=True)
+    p.begin(PROMPT)
+    p.hidden(0, _features(target, PROMPT, cfg["eagle_aux_hidden_state_layer_ids"])[:-1])
+    d = p.propose(4)
+    assert len(d.ids) == 4 and d.probs.shape == (4, target.args.vocab_size)
+    assert torch.allclose(d.probs.sum(-1), torch.ones(4))
+    outside = torch.ones(target.args.vocab_size, dtype=torch.bool)
+    outside[head.d2t] = False
+    assert d.probs[:, outside].abs().max() == 0
+    assert all(d.probs[i, t] > 0 for i, t in enumerate(d.ids))
+
+
+def test_check_counts_the_head_in_the_memory_plan(pair, tmp_path):
+    _, target_path, _, cfg, w = pair
+    head = te.write_gguf(cfg, w, tmp_path / "h.gguf")
+    r = subprocess.run([sys.executable, "-m", "tandem.cli", "check", "-m", str(target_path),
+                        "--model-draft", str(head), "--spec-type", "draft-eagle3", "-c", "256"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "EAGLE-3 head" in r.stdout and "matches the target" in r.stdout
+    assert f"draft {head.name}" in r.stdout  # its row: weights, its KV cache, working

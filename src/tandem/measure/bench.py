@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--llama-spec-types, each at llama.cpp's defaults")
     g.add_argument("--llama-spec-types", default="draft-simple,ngram-simple",
                    help="llama.cpp's speculative types measured with --llama-server, "
-                        "comma-separated: draft-simple, ngram-simple, ngram-mod, ngram-map-k "
+                        "comma-separated: draft-simple, draft-eagle3 (-md a head), "
+                        "ngram-simple, ngram-mod, ngram-map-k "
                         "(default: draft-simple,ngram-simple)")
 
 

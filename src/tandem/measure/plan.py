@@ -32,7 +32,7 @@ class Variant:
     @property
     def uses_draft(self) -> bool:
         if self.engine != "tandem":  # llama.cpp's own type names
-            return "draft-simple" in self.spec_type.split(",")
+            return bool({"draft-simple", "draft-eagle3"} & set(self.spec_type.split(",")))
         return SpecConfig(types=self.spec_type).uses_draft
 
     def label(self, n_max: int) -> str:
@@ -53,6 +53,7 @@ SWEEP = (
 LLAMA = (  # --llama-server: the same client against llama.cpp, in the same turns
     Variant("llama-none", "none", engine="llama.cpp"),
     Variant("llama-draft", "draft-simple", engine="llama.cpp"),
+    Variant("llama-eagle3", "draft-eagle3", engine="llama.cpp"),  # -md an EAGLE-3 head
     Variant("llama-ngram", "ngram-simple", engine="llama.cpp"),
     Variant("llama-ngram-mod", "ngram-mod", engine="llama.cpp"),
     Variant("llama-ngram-map-k", "ngram-map-k", engine="llama.cpp"),

@@ -1,0 +1,122 @@
+"""One EAGLE-3 head, two engines: Tandem's draft-eagle3 and llama.cpp's, same prompts and flags.
+
+Each engine serves the target alone and with the head (--spec-type draft-eagle3, the same
+--spec-draft-n-max / -n-min / -p-min on both), greedy, every prompt through /completion in
+ChatML. Reported per engine: drafted and accepted tokens (llama.cpp's `timings.draft_n`,
+`draft_n_accepted`, which Tandem's /completion also gives), accepted per verification,
+decode speed over its own target alone (median and range over prompts), and whether each
+answer equals the engine's own target alone. Configurations run in turns (ABBA between the
+engines) so a slow spell of the machine falls on both.
+
+    python experiments/eagle3_engines.py --llama-server .../llama-server \\
+        --model smollm2-135m --head HEAD.gguf --n-max 4 --out bench/results/eagle3-engines
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from common import ROOT, command_line, cpu_line, free_port, post, spread, wait_healthy
+
+sys.path.insert(0, str(ROOT / "src"))
+from tandem.registry import resolve  # noqa: E402
+
+PROMPTS = ROOT / "bench" / "prompts" / "specbench-even-validation.jsonl"
+CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def command(engine: str, head: bool, a: argparse.Namespace, port: int) -> list[str]:
+    spec = ["--spec-type", "none"]
+    if head:
+        spec = ["--model-draft", str(Path(a.head).resolve()), "--spec-type", "draft-eagle3",
+                "--spec-draft-n-max", str(a.n_max), "--spec-draft-n-min", "0",
+                "--spec-draft-p-min", f"{a.p_min:g}"]
+    common = ["--threads", str(a.threads), "--ctx-size", str(a.ctx_size), "--port", str(port),
+              "--host", "127.0.0.1", *spec]
+    target = str(resolve(a.model, quiet=True))
+    if engine == "tandem":
+        return [a.tandem, "serve", "-m", target, *common]
+    return [a.llama_server, "--model", target, *common]
+
+
+def run_config(engine: str, head: bool, prompts: list[str], a: argparse.Namespace,
+               log: Path) -> list[dict]:
+    port = free_port()
+    cmd = command(engine, head, a, port)
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, proc)
+            out = []
+            for p in prompts:
+                r = post(url + "/completion", {"prompt": CHATML.format(p), "n_predict": a.n_predict,
+                                                "temperature": 0, "cache_prompt": False})
+                t = r.get("timings", {})
+                out.append({"content": r.get("content", ""), "n": t.get("predicted_n", 0),
+                            "ms": t.get("predicted_ms", 0.0), "drafted": t.get("draft_n", 0),
+                            "accepted": t.get("draft_n_accepted", 0)})
+            return out
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def summary(engine: str, alone: list[dict], spec: list[dict]) -> dict:
+    drafted = sum(r["drafted"] for r in spec)
+    accepted = sum(r["accepted"] for r in spec)
+    speed = [(s["n"] / s["ms"]) / (b["n"] / b["ms"]) for b, s in zip(alone, spec)
+             if s["ms"] and b["ms"]]
+    same = sum(b["content"] == s["content"] for b, s in zip(alone, spec))
+    return {"engine": engine, "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "decode_speedup_median": statistics.median(speed) if speed else None,
+            "decode_speedup": spread(speed), "same_as_alone": f"{same}/{len(spec)}",
+            "tokens": sum(s["n"] for s in spec)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--llama-server", required=True)
+    p.add_argument("--tandem", default=str(Path(sys.executable).with_name("tandem")))
+    p.add_argument("--model", required=True, help="the target (name or .gguf)")
+    p.add_argument("--head", required=True, help="the EAGLE-3 head (.gguf)")
+    p.add_argument("--prompts", default=str(PROMPTS))
+    p.add_argument("--limit", type=int, default=0, help="first N prompts (0: all)")
+    p.add_argument("--n-predict", type=int, default=128)
+    p.add_argument("--n-max", type=int, default=4)
+    p.add_argument("--p-min", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ctx-size", type=int, default=4096)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    prompts = [json.loads(line)["prompt"] for line in open(a.prompts, encoding="utf-8")]
+    prompts = prompts[: a.limit] if a.limit else prompts
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "servers.log"
+    runs = {}
+    for engine, head in (("tandem", False), ("llama.cpp", False), ("llama.cpp", True),
+                         ("tandem", True)):
+        runs[engine, head] = run_config(engine, head, prompts, a, log)
+        print(engine, "head" if head else "alone", "done", flush=True)
+    report = {"command": command_line(), "cpu": cpu_line(), "prompts": a.prompts,
+              "n": len(prompts), "engines": [summary(e, runs[e, False], runs[e, True])
+                                             for e in ("tandem", "llama.cpp")]}
+    report["same_text_across_engines_with_head"] = sum(
+        x["content"] == y["content"] for x, y in zip(runs["tandem", True], runs["llama.cpp", True]))
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "runs.json").write_text(json.dumps({f"{e} {h}": r for (e, h), r in runs.items()}) + "\n")
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
