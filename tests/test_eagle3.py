@@ -345,3 +345,23 @@ def test_check_counts_the_head_in_the_memory_plan(pair, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "EAGLE-3 head" in r.stdout and "matches the target" in r.stdout
     assert f"draft {head.name}" in r.stdout  # its row: weights, its KV cache, working
+
+
+def test_greedy_output_across_context_shifts(pair, tmp_path):
+    """A full context shifted (--context-shift): the head starts again from the next rows the
+    target computes, and the greedy text stays the target's."""
+    _, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    s = SamplingParams(temperature=0.0, ignore_eos=True, n_predict=90)
+
+    def engine(h, types):
+        return Engine(target, h, EngineConfig(ctx_size=48, context_shift=True),
+                      SpecConfig(types=types, n_max=5, p_min=0.0))
+
+    for prompt in ([5, 6, 7, 8] * 6, list(range(30, 50))):
+        for keep in (0, -1):
+            req = dict(sampling=s, n_keep=keep, cache_prompt=False)
+            want = engine(None, "none").generate(Request(list(prompt), **req))
+            got = engine(head, "draft-eagle3").generate(Request(list(prompt), **req))
+            assert got.truncated and got.output == want.output
+            assert got.stats.n_drafted > 0
