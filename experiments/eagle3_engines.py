@@ -3,7 +3,8 @@
 Each engine serves the target alone and with the head (--spec-type draft-eagle3, the same
 --spec-draft-n-max / -n-min / -p-min on both), greedy, every prompt through /completion in
 ChatML. Reported per engine: drafted and accepted tokens (llama.cpp's `timings.draft_n`,
-`draft_n_accepted`, which Tandem's /completion also gives), accepted per verification,
+`draft_n_accepted`, which Tandem's /completion also gives), tokens per target pass (n / (n -
+accepted): each pass yields the target's token and the drafts it accepted),
 decode speed over its own target alone (median and range over prompts), and whether each
 answer equals the engine's own target alone. Configurations run in turns (ABBA between the
 engines) so a slow spell of the machine falls on both.
@@ -79,12 +80,16 @@ def summary(engine: str, alone: list[dict], spec: list[dict]) -> dict:
             "acceptance": accepted / drafted if drafted else 0.0,
             "decode_speedup_median": statistics.median(speed) if speed else None,
             "decode_speedup": spread(speed), "same_as_alone": f"{same}/{len(spec)}",
-            "tokens": sum(s["n"] for s in spec)}
+            "tokens": sum(s["n"] for s in spec),
+            # every step yields the target's token plus what it accepted: n / (n - accepted)
+            "tokens_per_step": sum(s["n"] for s in spec) / max(1, sum(
+                s["n"] - s["accepted"] for s in spec))}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--llama-server", required=True)
+    p.add_argument("--llama-server", default=None, help="llama.cpp's server (without it, "
+                   "only Tandem: llama.cpp cannot run a head on every target)")
     p.add_argument("--tandem", default=str(Path(sys.executable).with_name("tandem")))
     p.add_argument("--model", required=True, help="the target (name or .gguf)")
     p.add_argument("--head", required=True, help="the EAGLE-3 head (.gguf)")
@@ -103,15 +108,19 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "servers.log"
     runs = {}
-    for engine, head in (("tandem", False), ("llama.cpp", False), ("llama.cpp", True),
-                         ("tandem", True)):
-        runs[engine, head] = run_config(engine, head, prompts, a, log)
-        print(engine, "head" if head else "alone", "done", flush=True)
+    engines = ["tandem"] + (["llama.cpp"] if a.llama_server else [])
+    order = [("tandem", False), ("llama.cpp", False), ("llama.cpp", True), ("tandem", True)]
+    for engine, head in order:
+        if engine in engines:
+            runs[engine, head] = run_config(engine, head, prompts, a, log)
+            print(engine, "head" if head else "alone", "done", flush=True)
     report = {"command": command_line(), "cpu": cpu_line(), "prompts": a.prompts,
-              "n": len(prompts), "engines": [summary(e, runs[e, False], runs[e, True])
-                                             for e in ("tandem", "llama.cpp")]}
-    report["same_text_across_engines_with_head"] = sum(
-        x["content"] == y["content"] for x, y in zip(runs["tandem", True], runs["llama.cpp", True]))
+              "n": len(prompts), "n_max": a.n_max, "p_min": a.p_min,
+              "engines": [summary(e, runs[e, False], runs[e, True]) for e in engines]}
+    if a.llama_server:
+        report["same_text_across_engines_with_head"] = sum(
+            x["content"] == y["content"]
+            for x, y in zip(runs["tandem", True], runs["llama.cpp", True]))
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "runs.json").write_text(json.dumps({f"{e} {h}": r for (e, h), r in runs.items()}) + "\n")
     print(json.dumps(report, indent=1))
