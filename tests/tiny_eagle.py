@@ -76,21 +76,8 @@ def write_hf(cfg: dict, w: dict[str, torch.Tensor], path: Path) -> Path:
     return path
 
 
-GGUF_NAMES = {
-    "fc.weight": "fc.weight", "input_norm.weight": "enc.output_norm.weight",
-    "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight",
-    "embed_tokens.weight": "token_embd.weight",
-    "midlayer.input_layernorm.weight": "blk.0.attn_norm.weight",
-    "midlayer.hidden_norm.weight": "blk.0.attn_norm_2.weight",
-    "midlayer.self_attn.q_proj.weight": "blk.0.attn_q.weight",
-    "midlayer.self_attn.k_proj.weight": "blk.0.attn_k.weight",
-    "midlayer.self_attn.v_proj.weight": "blk.0.attn_v.weight",
-    "midlayer.self_attn.o_proj.weight": "blk.0.attn_output.weight",
-    "midlayer.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
-    "midlayer.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
-    "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight",
-    "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
-}
+# SpecForge's names -> llama.cpp's (as the trainer's export writes them)
+from tandem.train.export import GGUF_NAMES  # noqa: E402
 
 
 def write_gguf(cfg: dict, w: dict[str, torch.Tensor], path: Path, qtype=None,

@@ -55,6 +55,23 @@ class Shortlist:
         return torch.cat(parts).float()
 
 
+def draw(logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator | None,
+         rejection: bool) -> tuple[int, float, torch.Tensor | None]:
+    """A drafted token from a proposer's logits: (index, confidence, q). Greedy: the top one,
+    its probability; sampled: the top one, its probability under the request's sampling (what
+    the target's own draw is expected to match); with rejection: drawn from that distribution,
+    which is returned as q for rejection sampling (else None)."""
+    if sampling.greedy:
+        j = int(logits.argmax())
+        return j, float(torch.softmax(logits.float(), -1)[j]), None
+    q = logits_to_probs(logits[None], sampling)[0]
+    if not rejection:
+        j = int(logits.argmax())
+        return j, float(q[j]), None
+    j = sample(q, gen)
+    return j, float(q[j]), q
+
+
 # tokens a draft model reads before a context shift to hold what the target's cache holds
 CATCH_UP_BEFORE_SHIFT = 16
 
@@ -215,16 +232,9 @@ class DraftModelProposer:
             top = torch.softmax(logits.float(), -1).max().item()
             if top < self.p_min:
                 break
-            if self.sampling.greedy:
-                j = int(logits.argmax())
-                conf.append(top)
-            elif not self.rejection:  # the top token, believed as likely as the target's draw
-                j = int(logits.argmax())
-                conf.append(float(logits_to_probs(logits[None], self.sampling)[0, j]))
-            else:
-                q = logits_to_probs(logits[None], self.sampling)[0]
-                j = sample(q, self.gen)
-                conf.append(float(q[j]))
+            j, c, q = draw(logits, self.sampling, self.gen, self.rejection)
+            conf.append(c)
+            if q is not None:
                 if self.short is not None:  # the distribution over the whole vocabulary
                     q = torch.zeros(self.model.args.vocab_size, dtype=q.dtype).index_copy_(
                         0, self.short.ids, q)

@@ -25,7 +25,7 @@ from ..config import SamplingParams
 from ..grammar import Guide
 from ..models.decoder import KVCache
 from ..models.eagle3 import Eagle3Head
-from ..sampling import logits_to_probs, sample
+from .draft import draw
 from .proposer import Draft
 
 
@@ -154,11 +154,9 @@ class Eagle3Proposer:
             logits = self._masked(self.head.logits(h[None])[0], ids)
             if logits is None:
                 break
-            p = torch.softmax(logits, -1)
-            top = float(p.max())
-            if top < self.p_min:
+            if float(torch.softmax(logits, -1).max()) < self.p_min:
                 break
-            j = self._choose(logits, p, conf, rows)
+            j = self._choose(logits, conf, rows)
             ids.append(int(self.d2t[j]))
             if self.guide is not None and ids[-1] in self.guide.eog:
                 break
@@ -184,20 +182,13 @@ class Eagle3Proposer:
             return None
         return logits.masked_fill(~keep, float("-inf")) if not keep.all() else logits
 
-    def _choose(self, logits: torch.Tensor, p: torch.Tensor, conf: list[float],
+    def _choose(self, logits: torch.Tensor, conf: list[float],
                 rows: list[torch.Tensor]) -> int:
-        """The draft id to propose: the top one (greedy, or its probability under the
-        request's sampling as confidence), or drawn with q returned for rejection sampling."""
-        if self.sampling.greedy:
-            j = int(logits.argmax())
-            conf.append(float(p[j]))
-        elif not self.rejection:
-            j = int(logits.argmax())
-            conf.append(float(logits_to_probs(logits[None], self.sampling)[0, j]))
-        else:
-            q = logits_to_probs(logits[None], self.sampling)[0]
-            j = sample(q, self.gen)
-            conf.append(float(q[j]))
+        """The draft id to propose (draft.draw); with rejection sampling its q over the whole
+        vocabulary (zero outside the head's)."""
+        j, c, q = draw(logits, self.sampling, self.gen, self.rejection)
+        conf.append(c)
+        if q is not None:
             full = torch.zeros(self.head.cfg.vocab_size, dtype=q.dtype)
             rows.append(full.index_copy_(0, self.d2t, q))
         return j
