@@ -81,6 +81,9 @@ def summary(engine: str, alone: list[dict], spec: list[dict]) -> dict:
             "decode_speedup_median": statistics.median(speed) if speed else None,
             "decode_speedup": spread(speed), "same_as_alone": f"{same}/{len(spec)}",
             "tokens": sum(s["n"] for s in spec),
+            "decode_tok_s_alone": spread([b["n"] / b["ms"] * 1e3 for b in alone if b["ms"]], 1),
+            "decode_tok_s_head": spread([s["n"] / s["ms"] * 1e3 for s in spec if s["ms"]], 1),
+            "seconds_head": round(sum(s["ms"] for s in spec) / 1e3, 2),
             # every step yields the target's token plus what it accepted: n / (n - accepted)
             "tokens_per_step": sum(s["n"] for s in spec) / max(1, sum(
                 s["n"] - s["accepted"] for s in spec))}

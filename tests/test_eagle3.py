@@ -172,13 +172,22 @@ def test_drafts_are_the_references_predictions(pair, tmp_path, monkeypatch):
     monkeypatch.setattr(Eagle3Proposer, "propose", spy)
     e = _engine(target, head, "draft-eagle3", prefill_chunk=5)
     out = _run(e, GREEDY).output
-    seq = PROMPT + out
-    feats = _features(target, seq, cfg["eagle_aux_hidden_state_layer_ids"])
-    _, _, ref_ids = te.reference(cfg, w, hf.model.embed_tokens.weight.detach(), feats[:-1],
-                                 seq[1:])
     assert len(seen) >= len(out) // 2
-    for n, first in seen:  # n tokens known: the pair at n - 2 predicts token n
-        assert first == int(ref_ids[n - 2])
+    _agree(seen, cfg, w, hf.model.embed_tokens.weight.detach(), target, PROMPT + out)
+
+
+def _agree(seen, cfg, w, emb, target, seq) -> None:
+    """Each first drafted token (n tokens known: the pair at n - 2 predicts token n) is the
+    reference's prediction from the whole sequence, wherever the reference's top two are
+    apart by more than a prompt chunk's rounding can move them (the features of a prompt read
+    in other chunks differ in the last bits; verification rows never do)."""
+    feats = _features(target, seq, cfg["eagle_aux_hidden_state_layer_ids"])
+    _, logits, ref = te.reference(cfg, w, emb, feats[:-1], seq[1:])
+    top2 = logits.topk(2, -1).values
+    clear = [(n, first) for n, first in seen if top2[n - 2, 0] - top2[n - 2, 1] > 1e-2]
+    assert len(clear) >= 0.8 * len(seen) > 0
+    for n, first in clear:
+        assert first == int(ref[n - 2]), n
 
 
 def test_spec_types_and_a_head(pair, tmp_path):
@@ -307,13 +316,9 @@ def test_a_chats_next_turn_keeps_what_the_head_read(pair, tmp_path, monkeypatch)
     second = _run(e, GREEDY, turn)
     assert second.n_prompt_processed < len(turn) // 2  # the target reused its cache
     assert second.output == _run(_engine(target, None, "none"), GREEDY, turn).output
-    seq = turn + second.output
-    feats = _features(target, seq, cfg["eagle_aux_hidden_state_layer_ids"])
-    _, _, ref_ids = te.reference(cfg, w, hf.model.embed_tokens.weight.detach(), feats[:-1],
-                                 seq[1:])
     assert seen and all(base == 0 for _, _, base in seen)
-    for n, first_id, _ in seen:
-        assert first_id == int(ref_ids[n - 2])
+    _agree([(n, f) for n, f, _ in seen], cfg, w, hf.model.embed_tokens.weight.detach(),
+           target, turn + second.output)
 
 
 def test_rejection_sampling_gets_the_heads_distribution(pair, tmp_path):
@@ -365,3 +370,35 @@ def test_greedy_output_across_context_shifts(pair, tmp_path):
             got = engine(head, "draft-eagle3").generate(Request(list(prompt), **req))
             assert got.truncated and got.output == want.output
             assert got.stats.n_drafted > 0
+
+
+def test_slots_sharing_passes_each_get_their_own_rows(pair, tmp_path, monkeypatch):
+    """Three sequences in one engine (--parallel 3), started at different steps so prompt
+    chunks and verification rows share passes: each head slot reads only its own rows, the
+    drafts are still the reference's predictions, the outputs the target's."""
+    hf, _, target, cfg, w = pair
+    head = load_head(te.write_gguf(cfg, w, tmp_path / "h.gguf"), target)
+    e = Engine(target, head, EngineConfig(ctx_size=256, n_parallel=3, prefill_chunk=6),
+               SpecConfig(types="draft-eagle3"))
+    seen: dict[int, list[tuple[int, int]]] = {}
+    propose = Eagle3Proposer.propose
+
+    def spy(self, k, extend=None):
+        d = propose(self, k, extend)
+        if d.ids:
+            seen.setdefault(self.slot, []).append((len(self.tokens), d.ids[0]))
+        return d
+
+    monkeypatch.setattr(Eagle3Proposer, "propose", spy)
+    prompts = [PROMPT, PROMPT[3:] + [7, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12, 13]]
+    seqs = [e.add(Request(list(prompts[0]), GREEDY))]
+    e.step()
+    seqs.append(e.add(Request(list(prompts[1]), GREEDY)))
+    e.step()
+    seqs.append(e.add(Request(list(prompts[2]), GREEDY)))
+    while not all(s.done for s in seqs):
+        e.step()
+    emb = hf.model.embed_tokens.weight.detach()
+    for s, prompt in zip(seqs, prompts):
+        assert s.output == _run(_engine(target, None, "none"), GREEDY, prompt).output
+        _agree(seen[s.slot], cfg, w, emb, target, prompt + s.output)
