@@ -31,12 +31,21 @@ PROMPTS = ROOT / "bench" / "prompts" / "specbench-even-validation.jsonl"
 CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def command(engine: str, head: bool, a: argparse.Namespace, port: int) -> list[str]:
-    spec = ["--spec-type", "none"]
-    if head:
-        spec = ["--model-draft", str(Path(a.head).resolve()), "--spec-type", "draft-eagle3",
-                "--spec-draft-n-max", str(a.n_max), "--spec-draft-n-min", "0",
-                "--spec-draft-p-min", f"{a.p_min:g}"]
+KINDS = {  # a configuration's speculation: the target alone, the head with fixed flags,
+    # Tandem's auto (suffix, then the head or the draft model, each draft sized by its costs)
+    "none": "target alone", "head": "draft-eagle3", "auto-head": "auto with the head",
+    "auto-draft": "auto with the draft model"}
+
+
+def command(engine: str, kind: str, a: argparse.Namespace, port: int) -> list[str]:
+    head = str(Path(a.head).resolve())
+    spec = {"none": ["--spec-type", "none"],
+            "head": ["--model-draft", head, "--spec-type", "draft-eagle3",
+                     "--spec-draft-n-max", str(a.n_max), "--spec-draft-n-min", "0",
+                     "--spec-draft-p-min", f"{a.p_min:g}"],
+            "auto-head": ["--model-draft", head, "--spec-type", "auto"],
+            "auto-draft": ["--model-draft", str(resolve(a.draft or "default-draft", quiet=True)),
+                           "--spec-type", "auto"]}[kind]
     common = ["--threads", str(a.threads), "--ctx-size", str(a.ctx_size), "--port", str(port),
               "--host", "127.0.0.1", *spec]
     target = str(resolve(a.model, quiet=True))
@@ -45,10 +54,10 @@ def command(engine: str, head: bool, a: argparse.Namespace, port: int) -> list[s
     return [a.llama_server, "--model", target, *common]
 
 
-def run_config(engine: str, head: bool, prompts: list[str], a: argparse.Namespace,
+def run_config(engine: str, kind: str, prompts: list[str], a: argparse.Namespace,
                log: Path) -> list[dict]:
     port = free_port()
-    cmd = command(engine, head, a, port)
+    cmd = command(engine, kind, a, port)
     with open(log, "a", encoding="utf-8") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
@@ -71,6 +80,7 @@ def run_config(engine: str, head: bool, prompts: list[str], a: argparse.Namespac
 
 
 def summary(engine: str, alone: list[dict], spec: list[dict]) -> dict:
+    """A configuration against its engine's target alone, prompt by prompt."""
     drafted = sum(r["drafted"] for r in spec)
     accepted = sum(r["accepted"] for r in spec)
     speed = [(s["n"] / s["ms"]) / (b["n"] / b["ms"]) for b, s in zip(alone, spec)
@@ -103,6 +113,10 @@ def main() -> int:
     p.add_argument("--p-min", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx-size", type=int, default=4096)
+    p.add_argument("--tandem-kinds", default="head",
+                   help="Tandem's configurations besides its target alone, comma-separated: "
+                        "head (draft-eagle3 with the flags above), auto-head, auto-draft")
+    p.add_argument("--draft", default=None, help="auto-draft's draft model (default-draft)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     prompts = [json.loads(line)["prompt"] for line in open(a.prompts, encoding="utf-8")]
@@ -110,22 +124,25 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "servers.log"
+    if "auto-draft" in a.tandem_kinds and a.draft is None:
+        a.draft = "default-draft"
     runs = {}
-    engines = ["tandem"] + (["llama.cpp"] if a.llama_server else [])
-    order = [("tandem", False), ("llama.cpp", False), ("llama.cpp", True), ("tandem", True)]
-    for engine, head in order:
-        if engine in engines:
-            runs[engine, head] = run_config(engine, head, prompts, a, log)
-            print(engine, "head" if head else "alone", "done", flush=True)
+    kinds = [k.strip() for k in a.tandem_kinds.split(",") if k.strip()]
+    order = [("tandem", "none")] + ([("llama.cpp", "none"), ("llama.cpp", "head")]
+                                    if a.llama_server else []) + [("tandem", k) for k in kinds]
+    for engine, kind in order:
+        runs[engine, kind] = run_config(engine, kind, prompts, a, log)
+        print(engine, KINDS[kind], "done", flush=True)
     report = {"command": command_line(), "cpu": cpu_line(), "prompts": a.prompts,
               "n": len(prompts), "n_max": a.n_max, "p_min": a.p_min,
-              "engines": [summary(e, runs[e, False], runs[e, True]) for e in engines]}
-    if a.llama_server:
+              "configurations": [{"kind": KINDS[k], **summary(e, runs[e, "none"], runs[e, k])}
+                                 for e, k in order if k != "none"]}
+    if a.llama_server and "head" in kinds:
         report["same_text_across_engines_with_head"] = sum(
             x["content"] == y["content"]
-            for x, y in zip(runs["tandem", True], runs["llama.cpp", True]))
+            for x, y in zip(runs["tandem", "head"], runs["llama.cpp", "head"]))
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "runs.json").write_text(json.dumps({f"{e} {h}": r for (e, h), r in runs.items()}) + "\n")
+    (out / "runs.json").write_text(json.dumps({f"{e} {k}": r for (e, k), r in runs.items()}) + "\n")
     print(json.dumps(report, indent=1))
     return 0
 
