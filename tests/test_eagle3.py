@@ -402,3 +402,31 @@ def test_slots_sharing_passes_each_get_their_own_rows(pair, tmp_path, monkeypatc
     for s, prompt in zip(seqs, prompts):
         assert s.output == _run(_engine(target, None, "none"), GREEDY, prompt).output
         _agree(seen[s.slot], cfg, w, emb, target, prompt + s.output)
+
+
+def test_speculators_and_vllm_layouts_load_alike(pair, tmp_path):
+    """A speculators checkpoint (the layer's tensors under "layers.0.", its settings nested in
+    transformer_layer_config) and a vLLM-style one ("model." prefixes) give the same head as
+    SpecForge's layout."""
+    _, _, target, cfg, w = pair
+    feats = _features(target, PROMPT, cfg["eagle_aux_hidden_state_layer_ids"])[:-1]
+    nested = {k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "rms_norm_eps",
+                                  "rope_theta", "vocab_size", "num_hidden_layers")}
+    spec_cfg = {"architectures": ["Eagle3Speculator"], "transformer_layer_config": nested,
+                **{k: cfg[k] for k in ("draft_vocab_size", "target_hidden_size",
+                                       "eagle_aux_hidden_state_layer_ids")}}
+    layouts = {
+        "specforge": (cfg, w),
+        "speculators": (spec_cfg, {k.replace("midlayer.", "layers.0."): v for k, v in w.items()}),
+        "vllm": ({**cfg, "architectures": ["Eagle3LlamaForCausalLM"]},
+                 {("model." + k if k.startswith("midlayer.") or k == "fc.weight" else k): v
+                  for k, v in w.items()}),
+    }
+    out = {}
+    for name, (c, weights) in layouts.items():
+        head = load_head(te.write_hf(c, weights, tmp_path / name), target)
+        out[name] = head.logits(head.forward(PROMPT[1:], head.encode(feats), head.cache(1, 64),
+                                             0, 0))
+    assert torch.equal(out["speculators"], out["specforge"])
+    assert torch.equal(out["vllm"], out["specforge"])
