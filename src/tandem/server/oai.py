@@ -7,7 +7,8 @@ finish reason comes with an empty delta, then usage and timings in a chunk of th
 choices (unless stream_options.include_usage is false), as llama-server sends them. A chat
 stream asked for `return_tokens` (Tandem's) gives each content chunk, beside OpenAI's fields,
 `tokens` (ids), `pieces` (the text each added) and `origins` (who proposed each: "target",
-"draft" for the draft model, "suffix" or "ngram" for repetition, "grammar" when forced).
+"draft" for the draft model, "eagle3" for an EAGLE-3 head, "suffix" or "ngram" for repetition,
+"grammar" when forced).
 """
 
 from __future__ import annotations

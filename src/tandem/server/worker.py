@@ -41,8 +41,9 @@ log = logging.getLogger("tandem.server")
 @dataclass(slots=True)
 class Delta:
     """What one step added to a streamed request: the text now safe to show, and per new token
-    its id, who proposed it ("target", "draft", "suffix", "ngram", "grammar") and the text it
-    added (the pieces join to the generated text; `text` may hold back a possible stop)."""
+    its id, who proposed it ("target", "draft", "eagle3", "suffix", "ngram", "grammar") and the
+    text it added (the pieces join to the generated text; `text` may hold back a possible
+    stop)."""
 
     text: str
     tokens: list[int]
