@@ -174,7 +174,8 @@ def to_argv(a: argparse.Namespace, *groups: Callable[[argparse.ArgumentParser], 
 
 def load_engine(model: str, model_draft: str | None, cfg: EngineConfig, spec: SpecConfig,
                 log: Callable[[str], None] | None = None):
-    """Load the target (and the draft when `spec` uses it), check the pair; the Engine."""
+    """Load the target (and the draft or head when `spec`, resolved by spec_config, uses it),
+    check the pair; the Engine."""
     from .engine import Engine
     from .models.loader import load_model
     from .speculative.compat import check_compatible
@@ -182,20 +183,12 @@ def load_engine(model: str, model_draft: str | None, cfg: EngineConfig, spec: Sp
     max_len = cfg.max_len(spec)
     target = load_model(model, cfg.numerics("target"), max_len=max_len)
     draft = None
-    if spec.uses_draft and draft_is_head(model_draft):  # an EAGLE-3 head, checked at load
+    if "draft-eagle3" in spec.types:  # (resolved: the draft is an EAGLE-3 head)
         from .models.eagle3 import load_head
-        from .registry import local_path
+        from .registry import resolve
 
-        head = load_head(local_path(model_draft) or model_draft, target,
-                         cfg.numerics("draft"), max_len)
-        target.prepare_kernels()
-        if log is not None:
-            log(f"target {target.path} loaded in {target.load_seconds:.1f} s; EAGLE-3 head "
-                f"{head.path} ({head.source}, {head.draft_vocab} draft ids, target layers "
-                f"{list(head.target_layers)}) loaded in {head.load_seconds:.1f} s; matches "
-                "the target")
-        return Engine(target, head, cfg, spec)
-    if spec.uses_draft:
+        draft = load_head(resolve(model_draft), target, cfg.numerics("draft"), max_len)
+    elif spec.uses_draft:
         draft = load_model(model_draft, cfg.numerics("draft"), max_len=max_len)
         res = check_compatible(target.tokenizer, draft.tokenizer)
         if not res.ok:
@@ -207,6 +200,10 @@ def load_engine(model: str, model_draft: str | None, cfg: EngineConfig, spec: Sp
         log(f"target {target.path} ({target.args.arch}, {target.args.n_layers} layers) loaded "
             f"in {target.load_seconds:.1f} s (kernel layouts {laid[0]:.1f} s)")
         if draft is not None:
+            head = getattr(draft, "target_layers", None)
+            what = "compatible" if head is None else (
+                f"an EAGLE-3 head ({draft.source}, {draft.draft_vocab} draft ids, target "
+                f"layers {list(head)}) that matches the target")
             log(f"draft {draft.path} loaded in {draft.load_seconds:.1f} s (kernel layouts "
-                f"{laid[1]:.1f} s); compatible")
+                f"{laid[1]:.1f} s); {what}")
     return Engine(target, draft, cfg, spec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -11,6 +12,7 @@ from ..models.decoder import KVCache
 from ..models.loader import LoadedModel
 from ..speculative.controller import CostModel
 from ..speculative.draft import draft_step_seconds
+from ..speculative.eagle import head_step_seconds
 
 PROMPT_MEASURE_ROWS = 16  # a prompt-only pass this large measures the per-row prompt cost
 
@@ -48,32 +50,34 @@ def calibrate(costs: CostModel, target: LoadedModel, cache: KVCache, slot: int, 
 
 
 def calibrate_head(costs: CostModel, head, cache: KVCache, slot: int) -> None:
-    """An EAGLE-3 head's drafted token (one pair and its logits, the fastest of 3: the first
-    call pays one-time costs) and its reading of target features, per pair, in the head's own
-    cache slot (whose proposer starts it afresh)."""
+    """An EAGLE-3 head's drafted token (as propose makes it) and its reading of target
+    features per pair, in the free area after what its cache slot holds (written, not
+    recorded: the slot keeps its length)."""
     feats = torch.zeros(32, 3 * head.cfg.target_dim)
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        head.logits(head.forward([0], torch.zeros(1, head.cfg.dim), cache, slot, 0))
-        best = min(best, time.perf_counter() - t0)
-    costs.record_draft(1, best)
-    costs.draft_step = best
-    t0 = time.perf_counter()
-    head.forward([0] * len(feats), head.encode(feats), cache, slot, 0)
-    costs.record_draft_prefill(len(feats), time.perf_counter() - t0)
-    cache.truncate(slot, 0)
+    _calibrate_drafter(
+        costs, cache, slot, lambda at: head_step_seconds(head, cache, slot, at),
+        lambda at, rows: head.forward([0] * rows, head.encode(feats[:rows]), cache, slot, at))
 
 
 def _calibrate_draft(costs: CostModel, draft: LoadedModel, cache: KVCache, slot: int,
                      vocab: int) -> None:
     """A drafted token's seconds (as propose makes it) and the draft's prompt cost per token."""
+    _calibrate_drafter(
+        costs, cache, slot, lambda at: draft_step_seconds(draft.model, cache, slot, at, vocab),
+        lambda at, rows: draft.model(torch.zeros(1, rows, dtype=torch.long), cache, [slot],
+                                     [at], logits="none"))
+
+
+def _calibrate_drafter(costs: CostModel, cache: KVCache, slot: int,
+                       step: Callable[[int], float], read: Callable[[int, int], object]) -> None:
+    """A drafter's step (`step(at)`: seconds of one drafted token at position at) and its
+    reading of up to 32 prompt rows (`read(at, rows)`), per row, after the slot's tokens."""
     at = cache.length(slot)
-    step = draft_step_seconds(draft.model, cache, slot, at, vocab)
-    costs.record_draft(1, step)
-    costs.draft_step = step
+    seconds = step(at)
+    costs.record_draft(1, seconds)
+    costs.draft_step = seconds
     rows = min(32, cache.max_len - at - 1)
-    if rows > 0:  # the draft reading a prompt chunk, per token
+    if rows > 0:  # reading a prompt chunk, per token
         t0 = time.perf_counter()
-        draft.model(torch.zeros(1, rows, dtype=torch.long), cache, [slot], [at], logits="none")
+        read(at, rows)
         costs.record_draft_prefill(rows, time.perf_counter() - t0)

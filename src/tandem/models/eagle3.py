@@ -109,9 +109,7 @@ class Eagle3Head:
         self.args = cfg.args()
         self.path, self.source, self.dtype = path, source, dtype
         self.cos, self.sin = rope_tables(self.args, max_len)
-        self.threads = 1
         self.load_seconds = 0.0
-        self.name = str(path)
 
     @property
     def draft_vocab(self) -> int:
@@ -122,18 +120,16 @@ class Eagle3Head:
     def target_layers(self) -> tuple[int, ...]:
         return self.cfg.target_layers
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the head's own weights (a shared target embedding not counted)."""
-        total = 0
-        for v in list(self.w.values()) + [self.lm_head]:
-            if isinstance(v, Tensor):
-                total += v.nbytes
-            elif isinstance(v, torch.nn.Module):
-                blocks = getattr(v, "blocks", None)
-                total += int(blocks.nbytes) if blocks is not None else sum(
-                    p.nbytes for p in v.parameters())
-        return total
+    def prepare_kernels(self) -> float:
+        """Make its linears' kernel layouts now, as LoadedModel.prepare_kernels does for a
+        model, so that no request's draft pays them; seconds taken."""
+        from .quant import GGUFLinear
+
+        t0 = time.perf_counter()
+        for lin in [*self.w.values(), self.lm_head]:
+            if isinstance(lin, GGUFLinear):
+                lin.kernel_blocks()
+        return time.perf_counter() - t0
 
     @torch.inference_mode()
     def encode(self, feats: Tensor) -> Tensor:
@@ -312,7 +308,6 @@ def load_head(path: str | Path, target, numerics: Numerics | None = None,
         table = vector("embed")
         embed = lambda ids: table[ids]  # noqa: E731
     head = Eagle3Head(f.cfg, w, embed, lm_head, f.d2t, max_len, f.path, f.source, dt)
-    head.threads = numerics.thread_count
     head.load_seconds = time.perf_counter() - t0
     return head
 

@@ -17,6 +17,7 @@ are read, at the next draft).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,19 @@ from .proposer import Draft
 
 # pairs a finished request still reads for the slot's next request (more: it starts afresh)
 END_READ = 64
+
+
+def head_step_seconds(head: Eagle3Head, cache: KVCache, slot: int, at: int,
+                      rounds: int = 3) -> float:
+    """Seconds of one drafted token as `propose` makes it (one pair at position `at` of the
+    slot, its logits), the fastest of `rounds`: the first call pays one-time costs (as
+    draft.draft_step_seconds for a draft model)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        head.logits(head.forward([0], torch.zeros(1, head.cfg.dim), cache, slot, at))
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 class Eagle3Proposer:
@@ -82,12 +96,7 @@ class Eagle3Proposer:
         keep = 0
         if self.bases.get(self.slot) == 0:  # the pairs of a common prefix are the same pairs
             keep = self.cache.common_prefix(self.slot, self.tokens[1:])
-        self.cache.truncate(self.slot, keep)
-        self.base, self.held, self.pend, self.last = (0 if keep else None), keep, \
-            torch.empty(0), None
-        self.bases[self.slot] = self.base
-        self.pend = torch.empty(0)
-        self.last = None
+        self._restart(0 if keep else None, keep)
 
     def hidden(self, start: int, feats: torch.Tensor) -> None:
         """The target computed rows start .. start + len(feats) - 1 of this sequence: their
@@ -96,17 +105,16 @@ class Eagle3Proposer:
         if self.base is None or not self.base <= start <= fed + len(self.pend):
             self._restart(start)  # the first rows, or a gap (a prefix the target reused)
         elif start < fed:  # rows the head read already (kept from the slot's last request)
-            self.held = start - self.base
-            self.cache.truncate(self.slot, self.held)
-            self.pend, self.last = torch.empty(0), None
+            self._restart(self.base, start - self.base)
         else:
             self.pend = self.pend[: start - fed]
         self.pend = torch.cat([self.pend, feats.float()]) if len(self.pend) else feats.float()
 
-    def _restart(self, base: int | None) -> None:
-        """Forget what the head read; it reads on from sequence position base."""
-        self.cache.truncate(self.slot, 0)
-        self.base, self.held, self.pend, self.last = base, 0, torch.empty(0), None
+    def _restart(self, base: int | None, keep: int = 0) -> None:
+        """Keep the first `keep` pairs the head read (none: forget them all), from sequence
+        position base; it reads on from there."""
+        self.cache.truncate(self.slot, keep)
+        self.base, self.held, self.pend, self.last = base, keep, torch.empty(0), None
         self.bases[self.slot] = base
 
     def behind(self) -> int:
