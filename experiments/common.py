@@ -1,6 +1,6 @@
 """What several experiment scripts need, written once: the repository root, the CPU line every
 report names, a busy neighbour, a git revision's sources, the command line as run, a median
-with its range, and a local server's port, health and JSON answers.
+with its range, and a local server's port, health, JSON answers and lifetime (`serving`).
 
 Standard library only, so that the stdlib-only scripts (aa_noise.py, synthetic_acceptance.py)
 stay so. The scripts run as `python experiments/NAME.py`, which puts this folder first on
@@ -9,6 +9,7 @@ sys.path: `from common import ...` needs nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -104,3 +105,23 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], port: int, log: Path):
+    """The server `cmd` started (its command line and output appended to the file log) and
+    healthy on 127.0.0.1:port: yields its URL; stopped on leaving."""
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, proc)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

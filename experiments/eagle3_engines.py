@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from common import ROOT, command_line, cpu_line, free_port, post, spread, wait_healthy
+from common import ROOT, command_line, cpu_line, free_port, post, serving, spread
 
 sys.path.insert(0, str(ROOT / "src"))
 from tandem.registry import resolve  # noqa: E402
@@ -57,26 +56,16 @@ def command(engine: str, kind: str, a: argparse.Namespace, port: int) -> list[st
 def run_config(engine: str, kind: str, prompts: list[str], a: argparse.Namespace,
                log: Path) -> list[dict]:
     port = free_port()
-    cmd = command(engine, kind, a, port)
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(url, proc)
-            out = []
-            for p in prompts:
-                r = post(url + "/completion", {"prompt": CHATML.format(p), "n_predict": a.n_predict,
-                                                "temperature": 0, "cache_prompt": False})
-                t = r.get("timings", {})
-                out.append({"content": r.get("content", ""), "n": t.get("predicted_n", 0),
-                            "ms": t.get("predicted_ms", 0.0), "drafted": t.get("draft_n", 0),
-                            "accepted": t.get("draft_n_accepted", 0)})
-            return out
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    with serving(command(engine, kind, a, port), port, log) as url:
+        out = []
+        for p in prompts:
+            r = post(url + "/completion", {"prompt": CHATML.format(p), "n_predict": a.n_predict,
+                                            "temperature": 0, "cache_prompt": False})
+            t = r.get("timings", {})
+            out.append({"content": r.get("content", ""), "n": t.get("predicted_n", 0),
+                        "ms": t.get("predicted_ms", 0.0), "drafted": t.get("draft_n", 0),
+                        "accepted": t.get("draft_n_accepted", 0)})
+        return out
 
 
 def summary(engine: str, alone: list[dict], spec: list[dict]) -> dict:

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import ROOT, cpu_line, free_port, post, wait_healthy
+from common import ROOT, cpu_line, free_port, post, serving
 
 sys.path.insert(0, str(ROOT / "src"))
 from tandem.registry import resolve  # noqa: E402
@@ -51,37 +50,25 @@ def run_config(engine: str, length: float | None, tasks: list[dict], a: argparse
     port = free_port()
     cmd = command(engine, length, a, port)
     name = f"{engine}-{'alone' if length is None else f'L{length:g}'}"
-    with open(log_dir / f"{name}.log", "a", encoding="utf-8") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(url, proc)
-            out = []
-            for i, task in enumerate(tasks):
-                t0 = time.perf_counter()
-                # the seed draws the synthetic decisions: a new one per task and round, the
-                # same for both engines (each draws with its own generator)
-                res = post(url + "/completion", {
-                    "prompt": task["prompt"], "n_predict": a.n_predict, "temperature": 0.0,
-                    "ignore_eos": True, "cache_prompt": False, "seed": 1000 * rnd + i + 1})
-                wall = time.perf_counter() - t0
-                t = res["timings"]
-                out.append({"task": task["task"], "wall_s": wall,
-                            "predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"],
-                            "prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"],
-                            "draft_n": t.get("draft_n", 0),
-                            "draft_n_accepted": t.get("draft_n_accepted", 0)})
-                if t["predicted_n"] != a.n_predict:
-                    raise RuntimeError(f"{name} {task['task']}: {t['predicted_n']} tokens")
-            return out
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with serving(cmd, port, log_dir / f"{name}.log") as url:
+        out = []
+        for i, task in enumerate(tasks):
+            t0 = time.perf_counter()
+            # the seed draws the synthetic decisions: a new one per task and round, the
+            # same for both engines (each draws with its own generator)
+            res = post(url + "/completion", {
+                "prompt": task["prompt"], "n_predict": a.n_predict, "temperature": 0.0,
+                "ignore_eos": True, "cache_prompt": False, "seed": 1000 * rnd + i + 1})
+            wall = time.perf_counter() - t0
+            t = res["timings"]
+            out.append({"task": task["task"], "wall_s": wall,
+                        "predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"],
+                        "prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"],
+                        "draft_n": t.get("draft_n", 0),
+                        "draft_n_accepted": t.get("draft_n_accepted", 0)})
+            if t["predicted_n"] != a.n_predict:
+                raise RuntimeError(f"{name} {task['task']}: {t['predicted_n']} tokens")
+        return out
 
 
 def summary(records: list[dict]) -> dict:
