@@ -314,8 +314,10 @@ def test_named_tool_choice_and_streamed_tool_call_deltas(srv):
             deltas += c.delta.tool_calls or []
             finish = c.finish_reason or finish
     assert finish == "tool_calls"
-    assert [(d.function.name, d.function.arguments) for d in deltas] == \
-        [(c.function.name, c.function.arguments) for c in calls]
+    # the call's id and name come first, then its arguments as they are generated
+    assert deltas[0].id and deltas[0].function.name == "get_time" and len(deltas) > 2
+    assert all(d.index == 0 and d.function.name is None for d in deltas[1:])
+    assert "".join(d.function.arguments for d in deltas) == calls[0].function.arguments
 
 
 def test_tool_choice_none_and_bad_tool_fields(srv):
@@ -334,7 +336,8 @@ def test_tool_choice_none_and_bad_tool_fields(srv):
 
 
 def test_tool_calls_are_parsed_from_free_text():
-    from tandem.server.tools import StreamHold, parse
+    from tandem.server import answer, tools
+    from tandem.server.tools import parse
 
     text = ('Let me check.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
             '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
@@ -349,9 +352,17 @@ def test_tool_calls_are_parsed_from_free_text():
     assert content == "Sure:" and json.loads(calls[0]["function"]["arguments"]) == {"a": 2}
     code = "```python\nprint(1)\n```"
     assert parse(code, {"f"}) == (code, [])
-    hold = StreamHold({"f"})
-    assert "".join(hold.feed(c) for c in code) == "" and hold.finish() == (code, [])
-    hold = StreamHold()
-    sent = "".join(hold.feed(p) for p in re.findall(r".{1,3}", text, re.DOTALL))
-    rest, streamed = hold.finish()
+    plan = tools.ToolPlan([{"type": "function", "function": {"name": "f"}}], None, True)
+    stream = answer.AnswerStream(plan)
+    assert stream.feed(code) == [] and stream.finish() == [answer.Text(code)]
+    stream = answer.AnswerStream(tools.ToolPlan([], None, True))
+    parts = [p for piece in re.findall(r".{1,3}", text, re.DOTALL) for p in stream.feed(piece)]
+    parts += stream.finish()
+    sent = "".join(p.text for p in parts if isinstance(p, answer.Text))
+    streamed = stream.answer().calls
     assert sent == "Let me check.\n" and [c["function"]["name"] for c in streamed] == ["f", "g"]
+    # arguments reach the client while they are generated, piece by piece, and join exactly
+    args = [p for p in parts if isinstance(p, answer.CallArgs) and p.index == 0]
+    assert len(args) > 3 and "".join(p.delta for p in args) == '{"a": 1}'
+    starts = [parts.index(p) for p in parts if isinstance(p, answer.CallStart)]
+    assert parts.index(args[0]) > starts[0] and parts.index(args[-1]) < starts[1]

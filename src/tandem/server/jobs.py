@@ -104,16 +104,22 @@ async def wait_results(http: HttpRequest, state: ServerState, jobs: list[Job]) -
         raise
 
 
-Render = Callable[[Delta | Progress | Done], list[dict | str]]
+# what a render gives per event: dicts (sent as JSON), strings (sent as they are, e.g. "[DONE]"),
+# or (event name, dict): an SSE `event:` line before the data (Anthropic's and the Responses
+# API's typed streams)
+Item = dict | str | tuple[str, dict]
+Render = Callable[[Delta | Progress | Done], list[Item]]
 
 
 async def sse_response(http: HttpRequest, state: ServerState, job: Job | list[Job],
-                       render: Render | list[Render]) -> StreamingResponse:
+                       render: Render | list[Render],
+                       failed: Callable[[ApiError], Item] = ApiError.body) -> StreamingResponse:
     """Server-sent events: `data: <json>` per item render() gives (a str is sent as is, e.g.
-    "[DONE]"). The first event is awaited before answering, so a request that fails before
+    "[DONE]"; an (event, dict) pair also names the event). The first event is awaited before answering, so a request that fails before
     its first token (e.g. timed out in the queue) gets its own HTTP status; a later failure is
     sent as `data: {"error": ...}` and ends the stream. Several jobs (one render each) are
-    sent interleaved, in the order their events come."""
+    sent interleaved, in the order their events come. failed(error): the item a failure mid-stream
+    is sent as (OpenAI's error object unless the API has its own)."""
     jobs = job if isinstance(job, list) else [job]
     renders = render if isinstance(render, list) else [render]
     try:
@@ -140,7 +146,7 @@ async def sse_response(http: HttpRequest, state: ServerState, job: Job | list[Jo
             while left:
                 i, event = await merged.get()
                 if isinstance(event, Failed):
-                    yield _sse(event.error.body())
+                    yield _sse(failed(event.error))
                     return
                 for item in renders[i](event):
                     yield _sse(item)
@@ -156,6 +162,9 @@ async def sse_response(http: HttpRequest, state: ServerState, job: Job | list[Jo
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _sse(item: dict | str) -> str:
+def _sse(item: Item) -> str:
+    if isinstance(item, tuple):
+        name, item = item
+        return f"event: {name}\ndata: {json.dumps(item, ensure_ascii=False)}\n\n"
     data = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
     return f"data: {data}\n\n"

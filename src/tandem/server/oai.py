@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request as HttpRequest
 
@@ -23,11 +24,11 @@ from .. import __version__
 from .jobs import off_loop, read_body, sse_response, submit, wait_results
 from .prepare import (build_request, chat_ids, chat_text, constraints_of, n_predict_of,
                       prompt_list)
-from . import tools
+from . import answer, tools
 from .results import probabilities
 from .schemas import ApiError, ChatBody, OaiCompletionBody, parse_body
 from .state import ServerState
-from .worker import Delta, Done, Progress
+from .worker import Delta, Done, Job, Progress
 
 router = APIRouter()
 # llama-server's shape, b<build>-<commit>: here the version, then the program
@@ -109,12 +110,29 @@ async def chat_input_tokens(http: HttpRequest):
                                                state.settings.media_path))}
 
 
-@router.post("/v1/chat/completions")
-@router.post("/chat/completions")
-async def chat_completions(http: HttpRequest):
-    state = _state(http)
+@dataclass(slots=True)
+class ChatRun:
+    """A chat request submitted: its jobs (one per answer), how its tools apply, whether its
+    answer opens inside a thought (the template ended the prompt with <think>), its prompt."""
+
+    jobs: list[Job]
+    plan: tools.ToolPlan
+    thinking: bool
+    ids: list[int]
+
+    def answer(self, text: str) -> answer.Answer:
+        """A finished answer split into thinking, content and tool calls."""
+        return answer.of(text, self.plan, self.thinking)
+
+    def stream(self) -> answer.AnswerStream:
+        return answer.AnswerStream(self.plan, self.thinking)
+
+
+async def run_chat(state: ServerState, body: ChatBody) -> ChatRun:
+    """Everything a chat-shaped request (OpenAI chat, Anthropic Messages, OpenAI Responses)
+    does before it waits: the prompt rendered, the tools planned (a grammar where a call must
+    come or may start), the constraints checked, the jobs queued."""
     engine, _ = state.ready()
-    body: ChatBody = parse_body(await read_body(http, state), ChatBody)
     ids = await off_loop(chat_ids, engine, body, state.settings.reasoning,
                          state.settings.media_path)
     n_probs = (body.top_logprobs or 1) if body.logprobs else 0
@@ -122,26 +140,37 @@ async def chat_completions(http: HttpRequest):
     _one_stream(body, body.n)
     calls = await off_loop(tools.plan, engine, body)
     shaped = await off_loop(constraints_of, engine, body)
-    if calls.grammar is not None:  # tool_choice required / a named function: enforced
+    if calls.grammar is not None:  # a call must come (required, a named function) or may start
         shaped = (calls.grammar, shaped[1])
     reqs = [build_request(engine, body, ids, n_predict, n_probs, state.settings.sampling,
                           constraints=shaped) for _ in range(body.n)]
     jobs = submit(state, reqs, body.stream, body.return_progress)
+    thinking = answer.opens_thought(engine.tok.decode(ids[-4:]) if ids else "")
+    return ChatRun(jobs, calls, thinking, ids)
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions")
+async def chat_completions(http: HttpRequest):
+    state = _state(http)
+    engine, _ = state.ready()
+    body: ChatBody = parse_body(await read_body(http, state), ChatBody)
+    run = await run_chat(state, body)
     meta = _meta(state, "chatcmpl", "chat.completion")
     if body.stream:
         meta["object"] = "chat.completion.chunk"
-        return await sse_response(http, state, jobs[0], _chat_chunks(state, meta, body, calls))
-    results = await wait_results(http, state, jobs)
+        return await sse_response(http, state, run.jobs[0], _chat_chunks(state, meta, body, run))
+    results = await wait_results(http, state, run.jobs)
     choices = []
     for i, r in enumerate(results):
-        msg, called = tools.message(r["content"], calls)
-        choices.append({"index": i, "message": msg,
-                        "finish_reason": "tool_calls" if called else finish_reason(r),
+        ans = run.answer(r["content"])
+        choices.append({"index": i, "message": ans.message(),
+                        "finish_reason": ans.finish_reason(r["stop_type"]),
                         "logprobs": _chat_logprobs(r, body) if body.logprobs else None})
     out = {**meta, "choices": choices, "usage": usage(results, body.n),
            "timings": results[0]["timings"]}
     if body.verbose or state.settings.verbose:  # llama-server's debugging view
-        out["__verbose"] = {**results[0], "prompt": prompt_text(engine.tok, ids)}
+        out["__verbose"] = {**results[0], "prompt": prompt_text(engine.tok, run.ids)}
     return out
 
 
@@ -186,15 +215,15 @@ def _text_chunks(state: ServerState, meta: dict, n_probs: int):
     return render
 
 
-def _chat_chunks(state: ServerState, meta: dict, body: ChatBody, calls: tools.ToolPlan):
+def _chat_chunks(state: ServerState, meta: dict, body: ChatBody, run: ChatRun):
     """OpenAI's chat stream as llama-server sends it: a first chunk naming the role (content
-    null), a chunk per piece of text, the finish-reason chunk (empty delta), then, unless
-    stream_options.include_usage is false, a chunk with no choices carrying usage and
-    timings, and [DONE]. With tools, text from a <tool_call> on is held and the calls come as
-    tool_calls deltas (one chunk each: index, id, name and arguments) before the finish
-    reason "tool_calls"."""
+    null), a chunk per piece of text (reasoning_content for a thought), the finish-reason
+    chunk (empty delta), then, unless stream_options.include_usage is false, a chunk with no
+    choices carrying usage and timings, and [DONE]. A tool call comes as OpenAI's tool_calls
+    deltas while it is generated: its index, id and name once the name is complete, then its
+    arguments piece by piece; the finish reason is then "tool_calls"."""
     started = False
-    hold = tools.StreamHold(calls.names) if calls.parse else None
+    parts = run.stream()
     include_usage = (body.stream_options or {}).get("include_usage", True) is not False
 
     def render(event: Delta | Progress | Done) -> list[dict | str]:
@@ -208,35 +237,52 @@ def _chat_chunks(state: ServerState, meta: dict, body: ChatBody, calls: tools.To
             started = True
             out.append(_chat_chunk(meta, {"role": "assistant", "content": None}))
         if isinstance(event, Delta):
-            text = event.text if hold is None else hold.feed(event.text)
-            if text or body.logprobs and event.logprobs or body.return_tokens and event.tokens:
-                lp = None
-                if body.logprobs:
-                    lp = {"content": _chat_entries(probabilities(state.engine, event.logprobs),
-                                                   body)}
-                out.append(_chat_chunk(meta, {"content": text}, logprobs=lp))
-                if body.timings_per_token and event.timings is not None:
-                    out[-1]["timings"] = event.timings
-                if body.return_tokens:  # Tandem's: each token, its text and its proposer
-                    out[-1].update(tokens=event.tokens, pieces=event.pieces,
-                                   origins=event.origins)
+            deltas = [_part_delta(p) for p in parts.feed(event.text)
+                      if not isinstance(p, answer.CallEnd)]
+            extra = body.logprobs and event.logprobs or body.return_tokens and event.tokens
+            if extra or body.timings_per_token and event.timings is not None:
+                deltas = deltas or [{"content": ""}]
+            for i, delta in enumerate(deltas):
+                out.append(_chat_chunk(meta, delta))
+                if i == len(deltas) - 1:
+                    _token_fields(out[-1], state, body, event)
             return out
         r = event.result
-        finish = finish_reason(r)
-        if hold is not None:
-            rest, called = hold.finish()
-            if rest:
-                out.append(_chat_chunk(meta, {"content": rest}))
-            for i, c in enumerate(called):
-                out.append(_chat_chunk(meta, {"tool_calls": [{"index": i, **c}]}))
-            finish = "tool_calls" if called else finish
-        out.append(_chat_chunk(meta, {}, finish))
+        out += [_chat_chunk(meta, _part_delta(p)) for p in parts.finish()
+                if not isinstance(p, answer.CallEnd)]
+        out.append(_chat_chunk(meta, {}, parts.answer().finish_reason(r["stop_type"])))
         if include_usage:
             out.append({**meta, "choices": [], "usage": usage(r), "timings": r["timings"]})
         out.append("[DONE]")
         return out
 
     return render
+
+
+def _part_delta(part: answer.Part) -> dict:
+    """One part of the answer as a chat delta."""
+    if isinstance(part, answer.Text):
+        return {"content": part.text}
+    if isinstance(part, answer.Thinking):
+        return {"reasoning_content": part.text}
+    if isinstance(part, answer.CallStart):
+        return {"tool_calls": [{"index": part.index, "id": part.id, "type": "function",
+                                "function": {"name": part.name, "arguments": ""}}]}
+    if isinstance(part, answer.CallArgs):
+        return {"tool_calls": [{"index": part.index, "function": {"arguments": part.delta}}]}
+    raise TypeError(f"no chat delta for {part!r}")  # CallEnd: nothing more to send
+
+
+def _token_fields(chunk: dict, state: ServerState, body: ChatBody, event: Delta) -> None:
+    """The fields a chunk carries beside its delta when asked: logprobs, timings, and
+    Tandem's tokens, pieces and origins."""
+    if body.logprobs:
+        chunk["choices"][0]["logprobs"] = {"content": _chat_entries(
+            probabilities(state.engine, event.logprobs), body)}
+    if body.timings_per_token and event.timings is not None:
+        chunk["timings"] = event.timings
+    if body.return_tokens:  # Tandem's: each token, its text and its proposer
+        chunk.update(tokens=event.tokens, pieces=event.pieces, origins=event.origins)
 
 
 def _chat_chunk(meta: dict, delta: dict, finish: str | None = None, logprobs=None) -> dict:

@@ -1,18 +1,22 @@
-"""Tool calls on /v1/chat/completions: OpenAI's `tools` and `tool_choice` in, `tool_calls` out.
+"""Tool calls on the chat-shaped APIs: OpenAI's `tools` and `tool_choice` in, calls out.
 
 The tools are rendered by the model's own chat template (its `tools` variable; Qwen2.5's and
 Hermes' templates list them in the system turn). A template that never mentions tools gets
-them as a system message in the same Hermes wording, as llama.cpp's generic handler does. The
-model answers a call as
+them as a system message in Hermes' wording, as llama.cpp's generic handler does. Each family
+answers a call in its own format (ToolFormat, from the template): Hermes/Qwen
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-which is parsed into OpenAI's `tool_calls` (the text outside the calls stays the content).
-tool_choice "auto" (the default) leaves the model free; "required", or a named function,
-enforces such a call (several with parallel_tool_calls true; one by default, as llama-server)
-with a grammar: the tag, the name and every key are then forced tokens, drafted for free under
+Mistral `[TOOL_CALLS][{"name": ..., "arguments": ...}]`, Llama 3.x a bare
+`{"name": ..., "parameters": ...}`. answer.py reads calls back as they stream.
+
+tool_choice "auto" (the default) leaves the model free to answer or call, under a lazy
+grammar: free text until the format's marker, from there a valid call to one of the tools, so
+a call that starts always parses. "required", or a named function, enforces a call from the
+first token (several with parallel_tool_calls true; one by default, as llama-server). Under
+either grammar the tag, the name and every key are forced tokens, drafted for free under
 speculation. "none" leaves the tools out.
 """
 
@@ -42,13 +46,50 @@ _FALLBACK = (
     "{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
 
 
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    """How a model family writes a call: the marker it opens with ("" : the answer is one bare
+    JSON object), the one that closes it, the key its arguments go under, whether the calls
+    come as a JSON list."""
+
+    name: str
+    open: str
+    close: str
+    args_key: str = "arguments"
+    array: bool = False
+
+    @property
+    def args_keys(self) -> tuple[str, ...]:
+        return (self.args_key, "arguments", "parameters")
+
+
+HERMES = ToolFormat("hermes", OPEN, CLOSE)  # Qwen2.5/3, Hermes, and any template without one
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", array=True)
+LLAMA3 = ToolFormat("llama3", "", "", args_key="parameters")  # Llama 3.1-3.3's JSON calls
+
+
+def format_of(template: str | None) -> ToolFormat:
+    """The call format a chat template teaches its model (Hermes' when it teaches none: the
+    tools are then described in Hermes' words, _FALLBACK)."""
+    t = template or ""
+    if "[TOOL_CALLS]" in t:
+        return MISTRAL
+    if OPEN in t:
+        return HERMES
+    if "Environment: ipython" in t:
+        return LLAMA3
+    return HERMES
+
+
 @dataclass(slots=True)
 class ToolPlan:
     """What a chat request's tools mean for its prompt and output."""
 
     tools: list[dict]  # the tools as the template gets them (empty: none rendered)
-    grammar: str | None  # tool_choice "required" or a named function: the calls enforced
-    parse: bool  # the answer's <tool_call> blocks become tool_calls
+    grammar: str | None  # a call must come (required, a named function) or, once started
+    # (auto: the lazy grammar, free text until the format's marker), must be valid
+    parse: bool  # the answer's calls become tool_calls
+    format: ToolFormat = HERMES
 
     @property
     def names(self) -> set[str]:
@@ -68,6 +109,31 @@ def plan(engine: Engine, body: ChatBody, enforce: bool = True) -> ToolPlan:
             raise ApiError(400, "invalid request: tool_choice: a tool is required but no "
                                 "tools were given")
         return NO_TOOLS
+    by_name = _schemas(tools)
+    if choice == "none":
+        return NO_TOOLS
+    fmt = format_of(engine.tok.chat_template)
+    if choice == "auto":
+        names = list(by_name)
+    elif choice == "required":
+        names = list(by_name)
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict) and \
+            choice["function"].get("name") in by_name:
+        names = [choice["function"]["name"]]
+    else:
+        raise ApiError(400, "invalid request: tool_choice: expected \"none\", \"auto\", "
+                            "\"required\" or {\"type\": \"function\", \"function\": {\"name\": "
+                            f"one of {sorted(by_name)}}}, got {json.dumps(choice)[:80]}")
+    if not enforce:
+        return ToolPlan(tools, None, True, fmt)
+    # llama-server's default is one call; several where parallel_tool_calls is true
+    several = body.parallel_tool_calls is True or choice == "auto"
+    g = _calls_grammar(engine, {n: by_name[n] for n in names}, several, fmt,
+                       lazy=choice == "auto")
+    return ToolPlan(tools, g, True, fmt)
+
+
+def _schemas(tools: list) -> dict[str, dict]:
     by_name: dict[str, dict] = {}
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
@@ -80,43 +146,59 @@ def plan(engine: Engine, body: ChatBody, enforce: bool = True) -> ToolPlan:
             raise ApiError(400, f"invalid request: tools[{i}].function.parameters: expected a "
                                 "JSON schema object")
         by_name[fn["name"]] = params
-    if choice == "none":
-        return NO_TOOLS
-    if choice == "auto":
-        return ToolPlan(tools, None, True)
-    if choice == "required":
-        names = list(by_name)
-    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict) and \
-            choice["function"].get("name") in by_name:
-        names = [choice["function"]["name"]]
-    else:
-        raise ApiError(400, "invalid request: tool_choice: expected \"none\", \"auto\", "
-                            "\"required\" or {\"type\": \"function\", \"function\": {\"name\": "
-                            f"one of {sorted(by_name)}}}, got {json.dumps(choice)[:80]}")
-    if not enforce:
-        return ToolPlan(tools, None, True)
-    parallel = body.parallel_tool_calls is True  # llama-server's default: one call
-    g = _calls_grammar(engine, {n: by_name[n] for n in names}, parallel and choice == "required")
-    return ToolPlan(tools, g, True)
+    return by_name
 
 
-def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str]) -> str:
-    """A Lark grammar (llguidance's) for one (or, with several, one or more) <tool_call> blocks
-    naming one of the functions, with arguments valid for its parameters schema; the tags are
-    the vocabulary's special tokens where it has them (Qwen's), else text."""
-    one = [{"type": "object", "properties": {"name": {"const": name}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False}
+def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str],
+               fmt: ToolFormat = HERMES, lazy: bool = False) -> str:
+    """A Lark grammar (llguidance's) for one (or, with several, one or more) calls in the
+    format, each naming one of the functions with arguments valid for its parameters schema;
+    markers are the vocabulary's special tokens where it has them (Qwen's <tool_call>,
+    Mistral's [TOOL_CALLS]), else text. lazy: free text first (any text without the marker),
+    the calls only once the model writes the marker (tool_choice auto), as llama.cpp's lazy
+    grammars; a format with no marker (Llama 3.x) then allows either one call or an answer
+    that does not start with '{'."""
+    one = [{"type": "object", "properties": {"name": {"const": name}, fmt.args_key: params},
+            "required": ["name", fmt.args_key], "additionalProperties": False}
            for name, params in schemas.items()]
     schema = {**(one[0] if len(one) == 1 else {"anyOf": one}), "x-guidance": grammar.JSON_OPTIONS}
-    tag = {t: t if t in vocab else json.dumps(t) for t in (OPEN, CLOSE)}
-    more = ' ("\\n" call)*' if several else ""  # several calls, one per line
-    return (f"start: call{more}\n"
-            f'call: {tag[OPEN]} "\\n" body "\\n" {tag[CLOSE]}\n'
-            f"body: %json {json.dumps(schema)}\n")
+    tag = {t: t if t in vocab else json.dumps(t) for t in (fmt.open, fmt.close) if t}
+    lines = [f"body: %json {json.dumps(schema)}"]
+    if fmt.array:
+        rest = '"[" body ("," " " body)* "]"' if several else '"[" body "]"'
+    elif fmt.open:
+        rest = f'"\\n" body "\\n" {tag[fmt.close]}'
+    else:
+        rest = "body"
+    lines.append(f"rest: {rest}")
+    many = several and not fmt.array  # a list holds its calls; tags come one after another
+    repeat = ("*" if many else "?") if lazy else ""
+    if not fmt.open:  # Llama 3.x: the answer is the call, or (lazy) text not starting with '{'
+        start = 'start: rest | TEXT\nTEXT: /(?s:.*)/ & ~/\\s*\\{(?s:.*)/' if lazy else \
+            "start: rest"
+    elif fmt.open in vocab:  # a special token: free text can never hold it
+        start = f"start: TEXT (call TEXT){repeat}\nTEXT: /(?s:.*)/" if lazy else \
+            "start: call" + (' ("\\n" call)*' if many else "")
+        lines.append(f"call: {tag[fmt.open]} rest")
+    elif lazy:  # a text marker: text up to its first occurrence is one lexeme, then the call
+        m = _regex_escape(fmt.open)
+        more = "+" if many else ""
+        start = (f"start: TEXT | (OPENED rest){more} TEXT\n"
+                 f"TEXT: /(?s:.*)/ & ~/(?s:.*){m}(?s:.*)/\n"
+                 f"OPENED: /(?s:.*){m}/ & ~/(?s:.*){m}(?s:.+)/")
+    else:
+        start = "start: call" + (' ("\\n" call)*' if many else "")
+        lines.append(f"call: {tag[fmt.open]} rest")
+    return "\n".join([start] + lines) + "\n"
 
 
-def _calls_grammar(engine: Engine, schemas: dict[str, dict], several: bool) -> str:
-    g = grammar.from_lark(calls_lark(schemas, several, set(engine.tok.tokens)))
+def _regex_escape(text: str) -> str:
+    return "".join("\\" + c if c in ".^$*+?()[]{}|\\/" else c for c in text)
+
+
+def _calls_grammar(engine: Engine, schemas: dict[str, dict], several: bool,
+                   fmt: ToolFormat = HERMES, lazy: bool = False) -> str:
+    g = grammar.from_lark(calls_lark(schemas, several, set(engine.tok.tokens), fmt, lazy))
     try:
         grammar.check(engine.tok, engine.target.args.vocab_size, g, "tools")
     except grammar.GrammarError as e:
@@ -185,50 +267,3 @@ def parse(text: str, names: set[str] | None = None) -> tuple[str | None, list[di
     kept.append(text[at:])
     content = "".join(kept).strip()
     return (content or None) if calls else text, calls
-
-
-class StreamHold:
-    """Streamed text with tools: content is passed on until a call may begin (a <tool_call>
-    tag, or a code fence when the tools' names are known); from there it is held, and the
-    calls are sent as tool_calls deltas when the answer ends (held text that holds no call is
-    sent then as content)."""
-
-    def __init__(self, names: set[str] | None = None) -> None:
-        self.names = names
-        self.marks = (OPEN, "```") if names else (OPEN,)
-        self.text = ""
-        self.sent = 0
-        self.holding = False
-
-    def feed(self, piece: str) -> str:
-        self.text += piece
-        if self.holding:
-            return ""
-        hits = [i for i in (self.text.find(m, self.sent) for m in self.marks) if i >= 0]
-        if hits:
-            self.holding = True
-            out, self.sent = self.text[self.sent: min(hits)], min(hits)
-            return out
-        keep = max((n for m in self.marks for n in range(min(len(m) - 1, len(self.text)), 0, -1)
-                    if self.text.endswith(m[:n])), default=0)
-        out = self.text[self.sent: len(self.text) - keep]
-        self.sent = len(self.text) - keep
-        return out
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """(content not yet sent, tool calls) once the answer is complete."""
-        rest = self.text[self.sent:]
-        content, calls = parse(rest, self.names)
-        if not calls:
-            return rest, []
-        return content or "", calls
-
-
-def message(text: str, plan_: ToolPlan) -> tuple[dict, bool]:
-    """The assistant message for a finished answer, and whether it calls tools."""
-    if not plan_.parse:
-        return {"role": "assistant", "content": text}, False
-    content, calls = parse(text, plan_.names)
-    if not calls:
-        return {"role": "assistant", "content": text}, False
-    return {"role": "assistant", "content": content, "tool_calls": calls}, True
