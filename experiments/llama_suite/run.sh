@@ -16,7 +16,8 @@ export LLAMA_SERVER_BIN_PATH="$here/shim.py"
 files="${SUITE_FILES:-test_basic.py test_chat_completion.py test_completion.py test_ctx_shift.py
   test_ignore_eos.py test_infill.py test_security.py test_slot_save.py test_speculative.py
   test_tokenize.py test_template.py test_metrics.py test_kv_keep_only_active.py
-  test_embedding.py test_rerank.py test_tools_builtin.py}"
+  test_embedding.py test_rerank.py test_tools_builtin.py test_compat_anthropic.py
+  test_compat_oai_responses.py test_tool_call.py}"
 cd "$suite"
 mkdir -p tmp
 # test_speculative downloads its draft to ./tmp unless the file is there: the shim's target
@@ -27,4 +28,6 @@ from PIL import Image, ImageOps
 ImageOps.mirror(Image.open('../../mtmd/test-1.jpeg')).save('tmp/stand-in-truck.png')"
 args=()
 for f in $files; do args+=("unit/$f"); done
-PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m pytest -p plugin -q -rA "${args[@]}" "$@"
+# as the suite's tests.sh: the slow tests (real models from the hub) only with SLOW_TESTS=1
+marks=(); [ "${SLOW_TESTS:-0}" = 1 ] || marks=(-m "not slow")
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m pytest -p plugin -q -rA "${marks[@]}" "${args[@]}" "$@"

@@ -19,6 +19,7 @@ TANDEM = os.environ.get("TANDEM_BIN", os.path.join(os.path.dirname(sys.executabl
 REPLACE = [
     ("infill", "default-draft"),  # fill-in-the-middle needs FIM tokens: Qwen2.5-Coder-0.5B
     ("tinygemma3", "gemma3-270m"),
+    ("Qwen2.5", "default"),  # test_tool_call's slow Qwen2.5 models: Qwen2.5-Coder-1.5B
     ("jina-reranker", "reranker"),  # SmolLM2-135M made a reranker: make_reranker.py
     ("", "smollm2-135m"),  # everything else: stories260K, stories15M_MOE, bert
 ]

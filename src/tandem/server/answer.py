@@ -330,16 +330,12 @@ class AnswerStream:
         self.mode = "call"
         self.scan = _Scanner(self.fmt)
         self.current, self.sent_args = None, 0
-        if self.fmt.array:
-            self._skip_list_open()
-
-    def _skip_list_open(self) -> None:
-        """Mistral's calls come as a JSON list: its '[' and the ',' between objects."""
-        while self.at < len(self.text) and self.text[self.at] in " \t\r\n[,":
-            self.at += 1
 
     def _call(self, out: list[Part]) -> bool:
         scan = self.scan
+        while self.fmt.array and scan.expect == "open" and self.at < len(self.text) and \
+                self.text[self.at] in " \t\r\n[,":  # Mistral's list: its '[', the ','s
+            self.at += 1
         while self.at < len(self.text) and not scan.done and not scan.fail:
             scan.feed(self.text[self.at])
             self.at += 1
@@ -393,6 +389,8 @@ class AnswerStream:
         lead = rest.lstrip()
         skipped = len(rest) - len(lead)
         close = self.fmt.close
+        if not lead and not self.finished:
+            return False  # what follows the call is not here yet
         if close and lead.startswith(close):
             self.at += skipped + len(close)
             return True

@@ -14,7 +14,8 @@ Mistral `[TOOL_CALLS][{"name": ..., "arguments": ...}]`, Llama 3.x a bare
 
 tool_choice "auto" (the default) leaves the model free to answer or call, under a lazy
 grammar: free text until the format's marker, from there a valid call to one of the tools, so
-a call that starts always parses. "required", or a named function, enforces a call from the
+a call that starts always parses. The free text is the model's own (the grammar reads
+characters: it only keeps out bytes that are not valid UTF-8). "required", or a named function, enforces a call from the
 first token (several with parallel_tool_calls true; one by default, as llama-server). Under
 either grammar the tag, the name and every key are forced tokens, drafted for free under
 speculation. "none" leaves the tools out.
