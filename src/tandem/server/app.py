@@ -7,11 +7,14 @@ error shape.
     oai.py          OpenAI's /v1/models, /v1/completions, /v1/chat/completions
     embeddings.py   /v1/embeddings, /embedding(s) (--embedding)
     rerank.py       /rerank (--reranking)
+    anthropic.py    Anthropic's /v1/messages, /v1/messages/count_tokens
     experimental.py GET/POST /tools (--tools), /cors-proxy (--ui-mcp-proxy); 403 without
     page/           the web page at / (off with --no-ui)
     openapi.py      GET /openapi.json: this API described, request bodies included
 
-Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint.
+Every error is {"error": {"message", "type", "code"}} with its HTTP status, from any endpoint
+but Anthropic's (/v1/messages...), whose errors are {"type": "error", "error": {"type",
+"message", "code"}}.
 Any origin may call the API (CORS, as llama-server; only localhost with --tools unless
 --cors-origins says otherwise); the API key still applies, to /tools and /cors-proxy too.
 """
@@ -26,6 +29,7 @@ from fastapi.responses import JSONResponse
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import anthropic
 from .cors import Cors
 from .openapi import describe
 from .page import routes as page
@@ -39,8 +43,10 @@ log = logging.getLogger("tandem.server")
 PUBLIC_PATHS = ("/health", "/v1/health")
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def error_response(e: ApiError, path: str = "") -> JSONResponse:
+    """The error in the shape of the API its path belongs to (OpenAI's, or Anthropic's)."""
+    body = anthropic.error_body(e) if anthropic.is_anthropic(path) else e.body()
+    return JSONResponse(body, status_code=e.status)
 
 
 class Guard:
@@ -56,7 +62,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         error = self._check(scope, headers)
         if error is not None:
-            return await error_response(error)(scope, receive, send)
+            return await error_response(error, scope["path"])(scope, receive, send)
         limit = self.state.settings.max_body_bytes
         seen = 0
 
@@ -98,39 +104,42 @@ def _too_large(limit: int) -> str:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    from . import completion, embeddings, experimental, oai, props, rerank, slots
+    from . import completion, embeddings, experimental, oai, props, rerank, responses, slots
 
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.tandem = state
 
     @app.exception_handler(ApiError)
-    async def _api_error(_req, e: ApiError):
-        return error_response(e)
+    async def _api_error(req, e: ApiError):
+        return error_response(e, req.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(req, e: StarletteHTTPException):
+        path = req.url.path
         if e.status_code == 404:
-            return error_response(ApiError(404, f"no such endpoint: {req.method} {req.url.path}"))
+            return error_response(ApiError(404, f"no such endpoint: {req.method} {path}"), path)
         if e.status_code == 405:
-            return error_response(ApiError(405, f"{req.method} is not allowed on {req.url.path}"))
-        return error_response(ApiError(e.status_code, str(e.detail)))
+            return error_response(ApiError(405, f"{req.method} is not allowed on {path}"), path)
+        return error_response(ApiError(e.status_code, str(e.detail)), path)
 
     @app.exception_handler(RequestValidationError)
-    async def _bad_parameter(_req, e: RequestValidationError):  # a path or query parameter
+    async def _bad_parameter(req, e: RequestValidationError):  # a path or query parameter
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("path", "query"))
-        return error_response(ApiError(400, f"invalid request: {where}: {first.get('msg')}"))
+        return error_response(ApiError(400, f"invalid request: {where}: {first.get('msg')}"),
+                              req.url.path)
 
     @app.exception_handler(Exception)
-    async def _internal(_req, e: Exception):
+    async def _internal(req, e: Exception):
         log.exception("unhandled error")
-        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"),
+                              req.url.path)
 
     app.add_middleware(Guard, state=state)
     # outermost: browsers on another origin may call the API (preflight OPTIONS answered
     # here, before the key check), as llama-server allows
     app.add_middleware(Cors, allowed=state.settings.cors_origins)
-    for module in (props, completion, slots, oai, embeddings, rerank):
+    for module in (props, completion, slots, oai, embeddings, rerank, responses, anthropic):
         app.include_router(module.router)
     # /tools and /cors-proxy: 403 feature_disabled unless --tools / --ui-mcp-proxy
     app.include_router(experimental.router)

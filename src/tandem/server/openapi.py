@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from .anthropic import CountBody, MessagesBody
 from .embeddings import EmbeddingBody
 from .rerank import RerankBody
 from .infill import InfillBody
@@ -46,6 +47,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions/input_tokens": ChatBody, "/chat/completions/input_tokens": ChatBody,
     "/v1/embeddings": EmbeddingBody, "/embedding": EmbeddingBody, "/embeddings": EmbeddingBody,
     **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"), RerankBody),
+    "/v1/messages": MessagesBody, "/v1/messages/count_tokens": CountBody,
 }
 ERROR = {
     "type": "object", "required": ["error"],
