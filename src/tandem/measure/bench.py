@@ -29,6 +29,9 @@ ngram-map-k: llama-ngram-mod.json, llama-ngram-map-k.json), and report.md gets a
 same client: wall time per pass, decode tokens/s, acceptance, each configuration against
 llama.cpp's target alone, and whether its text equals llama.cpp's.
 
+--agent aider,openai-agents runs small coding tasks end to end with real agent clients against
+the same configurations, in the same turns (agent.py, agentreport.py; report.md).
+
 --load measures the same servers (each with -np/--parallel slots) under concurrent streamed
 requests, level by level (--concurrency 1,2,4): throughput, time to first token and the gaps
 between streamed tokens (measure/load.py; load.md).
@@ -54,7 +57,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import flags
-from . import compare, servers
+from . import agent, compare, servers
 from .load import run_load
 from .plan import BASELINE, CLIENT, Plan, Variant, make_plan, say
 from .ranking import ranking, ranking_markdown, render_ranking, summary
@@ -100,6 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "comma-separated: draft-simple, draft-eagle3 (-md a head), "
                         "ngram-simple, ngram-mod, ngram-map-k "
                         "(default: draft-simple,ngram-simple)")
+    agent.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     with _sigterm_as_interrupt():
         try:
+            if getattr(args, "agent_clients", None):
+                return agent.run_agents(plan)
             if args.load:
                 return run_load(plan)
             return run_sweep(plan) if args.sweep else run_pair(plan)
