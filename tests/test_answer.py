@@ -94,12 +94,23 @@ def test_thinking_is_split_from_the_answer():
     assert answer.opens_thought("<|im_start|>assistant\n<think>\n")
     got = answer.of("still weighing</think>Done", tools.NO_TOOLS, thinking=True)
     assert (got.reasoning, got.content) == ("still weighing", "Done")
+    # the blank lines after a thought are dropped whether or not they come with its end
+    for cut in range(len("<think>a</think>\n\nHi") + 1):
+        parts, got = _stream("<think>a</think>\n\nHi", tools.NO_TOOLS, [cut])
+        assert "".join(p.text for p in parts if isinstance(p, answer.Text)) == "Hi" == \
+            got.content, cut
     parts, _ = _stream("<think>ab</think>cd", tools.NO_TOOLS, [1, 3, 8, 9, 12])
     kinds = [type(p).__name__ for p in parts]
     assert kinds == sorted(kinds, key=lambda k: k != "Thinking") and len(kinds) > 2
     assert "".join(p.text for p in parts if isinstance(p, answer.Thinking)) == "ab"
     assert "".join(p.text for p in parts if isinstance(p, answer.Text)) == "cd"
     assert answer.of("no <think> here", tools.NO_TOOLS).reasoning is None
+    # --reasoning-format none leaves the thought in the text; deepseek-legacy puts it in both
+    text = "<think>w</think>Yes."
+    assert answer.of(text, tools.NO_TOOLS, reasoning_format="none") == \
+        answer.Answer(text, None, [])
+    assert answer.of(text, tools.NO_TOOLS, reasoning_format="deepseek-legacy") == \
+        answer.Answer(text, "w", [])
 
 
 def test_a_fenced_call_and_a_cut_call():

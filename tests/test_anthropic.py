@@ -351,7 +351,7 @@ def test_conversion_to_the_openai_chat_body():
     assert roles == ["system", "user", "assistant", "tool", "user"]
     assert chat.messages[0].content == "A. B."
     assistant = chat.messages[2]
-    assert assistant.content == "<think>\nhmm\n</think>\n\nChecking."
+    assert assistant.content == "Checking." and assistant.reasoning_content == "hmm"
     assert assistant.tool_calls == [{"id": "t1", "type": "function", "function": {
         "name": "f", "arguments": '{"a": "é"}'}}]
     assert chat.messages[3].tool_call_id == "t1" and chat.messages[3].content == "no city"

@@ -48,5 +48,9 @@ POOLING = ("none", "mean", "cls", "last", "rank")
 # --reasoning: a chat template's thinking: on/off set its enable_thinking; auto leaves it be
 REASONING = ("on", "off", "auto")
 
+# --reasoning-format: where a chat answer's <think> ... </think> goes: none leaves it in the
+# content; deepseek (and auto) puts it in reasoning_content; deepseek-legacy does both
+REASONING_FORMAT = ("none", "deepseek", "deepseek-legacy", "auto")
+
 # -fa / --flash-attn (llama-server's values; accepted, no effect in Tandem)
 FLASH_ATTN = ("on", "off", "auto")

@@ -13,8 +13,9 @@ call is closed. A call's text is read by a small JSON scanner in the model famil
 bare {"name", "parameters"} object), so arguments reach the client while they are generated.
 
 Thinking is <think> ... </think> at the start of the answer (or from the start when the
-template opened the thought), as llama-server's default reasoning format (deepseek) splits it
-into reasoning_content. Text that may begin a marker (a tag, a code fence) is held back until
+template opened the thought), split out as llama-server's reasoning formats do (--reasoning-
+format: auto and deepseek split it, deepseek-legacy also keeps it in the content, none leaves
+it in the text). Text that may begin a marker (a tag, a code fence) is held back until
 it is clear. A code fence holding {"name": a tool, "arguments": ...} (Qwen2.5-Coder answers so
 as often as with the tag) is held to the end and parsed there, as is any call whose JSON turns
 out invalid: what is not a call stays text.
@@ -198,13 +199,17 @@ class Answer:
 class AnswerStream:
     """The answer's parts as its text arrives (see the module's docstring)."""
 
-    def __init__(self, plan: tools.ToolPlan, thinking: bool = False) -> None:
+    def __init__(self, plan: tools.ToolPlan, thinking: bool = False,
+                 reasoning_format: str = "auto") -> None:
         self.plan = plan
         self.fmt = plan.format
         self.text = ""  # everything fed
         self.at = 0  # text[:at] has been turned into parts
         self.mode = "think?"  # think? | think | text | call | after | held
-        if thinking:
+        self.legacy = reasoning_format == "deepseek-legacy"  # the thought in the content too
+        if reasoning_format == "none":  # the thought stays in the text
+            self.mode = "text"
+        elif thinking:
             self.mode = "think"
         self.scan: _Scanner | None = None
         self.call_at = 0  # where the current call's marker began
@@ -215,6 +220,7 @@ class AnswerStream:
         self.calls: list[dict] = []
         self.finished = False
         self.cut = False  # the answer ended inside a call
+        self.after_thought = False  # a thought just closed: blank lines are skipped
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -250,6 +256,8 @@ class AnswerStream:
             else None
         if self.calls:
             content = content.strip()
+        if self.legacy and reasoning is not None:
+            content = f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{content}"
         return Answer(content or (None if self.calls else content), reasoning, self.calls,
                       self.cut)
 
@@ -273,9 +281,7 @@ class AnswerStream:
             if i >= 0:
                 self._emit(out, Thinking(rest[:i]))
                 self.at += i + len(THINK_CLOSE)
-                while self.at < len(self.text) and self.text[self.at] in "\r\n":
-                    self.at += 1  # the blank after the thought is not the answer's
-                self.mode = "text"
+                self.mode, self.after_thought = "text", True
                 return True
             keep = 0 if self.finished else _partial(rest, (THINK_CLOSE,))
             self._emit(out, Thinking(rest[:len(rest) - keep]))
@@ -296,6 +302,12 @@ class AnswerStream:
         return marks + ((FENCE,) if self.plan.names else ())
 
     def _text(self, rest: str, out: list[Part]) -> bool:
+        if self.after_thought:  # the blank lines after a thought are not the answer's
+            lead = rest.lstrip("\r\n")
+            self.at += len(rest) - len(lead)
+            if not lead and not self.finished:
+                return False
+            self.after_thought, rest = False, lead
         marks = self._markers()
         if self.plan.parse and not self.fmt.open and not self.text_parts and \
                 rest.lstrip().startswith("{"):  # Llama 3.x: a call is the whole answer
@@ -434,9 +446,10 @@ def _partial(text: str, marks: tuple[str, ...]) -> int:
                 if text.endswith(m[:n])), default=0)
 
 
-def of(text: str, plan: tools.ToolPlan, thinking: bool = False) -> Answer:
+def of(text: str, plan: tools.ToolPlan, thinking: bool = False,
+       reasoning_format: str = "auto") -> Answer:
     """A finished answer's parts, as the stream would have given them."""
-    s = AnswerStream(plan, thinking)
+    s = AnswerStream(plan, thinking, reasoning_format)
     s.feed(text)
     s.finish()
     return s.answer()

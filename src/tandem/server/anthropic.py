@@ -9,8 +9,8 @@ and converted to Tandem's OpenAI chat body, then runs the chat path (oai.run_cha
     user tool_result blocks             -> a `tool` message each (before the user's text),
                                            answering a tool_use of an earlier message
     assistant text / tool_use blocks    -> an assistant message with OpenAI tool_calls
-    assistant thinking blocks           -> <think>...</think> before its text (the template
-                                           keeps or drops it); redacted_thinking is dropped
+    assistant thinking blocks           -> its reasoning_content (the template keeps or drops
+                                           it); redacted_thinking is dropped
     tools [{name, description, input_schema}], tool_choice auto | any | tool | none,
     stop_sequences, thinking (enabled / disabled: the template's enable_thinking), metadata
     (ignored); llama-server's and Tandem's sampling fields (top_k, min_p, seed,
@@ -330,10 +330,9 @@ def _assistant(m: Message, calls: set[str]) -> dict:
             calls.add(b.id)
             tool_calls.append({"id": b.id, "type": "function", "function": {
                 "name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}})
-    content = "".join(text)
-    if thought:  # as the model wrote it; templates that keep or drop thoughts split it there
-        content = f"<think>\n{''.join(thought)}\n</think>\n\n{content}"
-    out: dict[str, Any] = {"role": "assistant", "content": content}
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if thought:  # the template shows it where it keeps earlier thoughts (Qwen3's), or not
+        out["reasoning_content"] = "".join(thought)
     if tool_calls:
         out["tool_calls"] = tool_calls
     return out

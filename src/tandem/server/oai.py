@@ -119,13 +119,14 @@ class ChatRun:
     plan: tools.ToolPlan
     thinking: bool
     ids: list[int]
+    reasoning_format: str = "auto"  # --reasoning-format, or the request's
 
     def answer(self, text: str) -> answer.Answer:
         """A finished answer split into thinking, content and tool calls."""
-        return answer.of(text, self.plan, self.thinking)
+        return answer.of(text, self.plan, self.thinking, self.reasoning_format)
 
     def stream(self) -> answer.AnswerStream:
-        return answer.AnswerStream(self.plan, self.thinking)
+        return answer.AnswerStream(self.plan, self.thinking, self.reasoning_format)
 
 
 async def run_chat(state: ServerState, body: ChatBody) -> ChatRun:
@@ -146,7 +147,8 @@ async def run_chat(state: ServerState, body: ChatBody) -> ChatRun:
                           constraints=shaped) for _ in range(body.n)]
     jobs = submit(state, reqs, body.stream, body.return_progress)
     thinking = answer.opens_thought(engine.tok.decode(ids[-4:]) if ids else "")
-    return ChatRun(jobs, calls, thinking, ids)
+    return ChatRun(jobs, calls, thinking, ids,
+                   body.reasoning_format or state.settings.reasoning_format)
 
 
 @router.post("/v1/chat/completions")

@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
 from .anthropic import CountBody, MessagesBody
+from .responses import ResponsesBody
 from .embeddings import EmbeddingBody
 from .rerank import RerankBody
 from .infill import InfillBody
@@ -48,6 +49,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/embeddings": EmbeddingBody, "/embedding": EmbeddingBody, "/embeddings": EmbeddingBody,
     **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"), RerankBody),
     "/v1/messages": MessagesBody, "/v1/messages/count_tokens": CountBody,
+    **dict.fromkeys(("/v1/responses", "/responses", "/v1/responses/input_tokens",
+                     "/responses/input_tokens"), ResponsesBody),
 }
 ERROR = {
     "type": "object", "required": ["error"],

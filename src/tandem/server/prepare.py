@@ -247,7 +247,9 @@ def chat_text(engine: Engine, body: ChatBody, reasoning: str = "auto") -> str:
         raise ApiError(400, "continue_final_message: the last message must be the assistant's")
     head = msgs[:-1] if cont else msgs
     messages = [{"role": m.role, "content": m.text(), "tool_calls": m.tool_calls,
-                 "tool_call_id": m.tool_call_id, "name": m.name} for m in head]
+                 "tool_call_id": m.tool_call_id, "name": m.name,
+                 **({"reasoning_content": m.reasoning_content}
+                    if m.reasoning_content is not None else {})} for m in head]
     tools = plan(engine, body, enforce=False).tools
     messages = render_messages(messages, tools, engine.tok.chat_template if tools else None)
     # llama-server gives templates today's date (Llama 3.x prints it); a request may override

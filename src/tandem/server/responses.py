@@ -34,7 +34,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request as HttpRequest
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .answer import CallArgs, CallEnd, CallStart, Text, Thinking
 from .jobs import off_loop, read_body, sse_response, wait_results
@@ -251,7 +251,28 @@ def _text_format(fmt: Any) -> dict:
                               f"{json.dumps(fmt)[:60]}")
 
 
+class ResponsesBody(BaseModel):
+    """The request's top-level fields, type-checked before to_chat reads the items (also the
+    body /openapi.json describes); the sampling and llama-server's fields are ChatBody's."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str | None = None
+    input: str | list[Any]  # the items: to_chat checks each, naming input[i]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    text: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+
+
 def chat_body(data: dict) -> ChatBody:
+    try:
+        ResponsesBody.model_validate(data)
+    except ValidationError as e:
+        raise ApiError(400, describe(e)) from None
     try:
         return ChatBody.model_validate(to_chat(data))
     except ValidationError as e:

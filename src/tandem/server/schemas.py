@@ -159,6 +159,7 @@ class Message(_Body):
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (OpenAI's shape)
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
+    reasoning_content: str | None = None  # an assistant's earlier thought (templates show it)
 
     def text(self, joiner: str = "") -> str:
         if isinstance(self.content, list):
@@ -192,6 +193,8 @@ class ChatBody(SamplingFields):
     tools: list[dict[str, Any]] | None = None  # OpenAI's function tools (server/tools.py)
     tool_choice: str | dict[str, Any] | None = None  # none | auto | required | a function
     parallel_tool_calls: bool | None = None
+    # where the answer's thought goes (--reasoning-format's values; None: the server's)
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = None
     verbose: bool = False  # "__verbose": the rendered prompt and the raw result
     return_tokens: bool = False  # streamed chunks carry tokens, pieces, origins (oai.py)
 

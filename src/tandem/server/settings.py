@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from ..choices import FLASH_ATTN, POOLING, REASONING
+from ..choices import FLASH_ATTN, POOLING, REASONING, REASONING_FORMAT
 from ..config import EngineConfig, SamplingParams, SpecConfig, flag
 from ..errors import TandemError
 
@@ -144,6 +144,13 @@ class ServerSettings:
         help="thinking in chat templates that have it (Qwen3, DeepSeek-R1, QwQ, Command R7B): "
              "on/off set the template's enable_thinking, off also closes a thought the "
              "template opens; auto leaves the template be"))
+    reasoning_format: str = field(default="auto", metadata=flag(
+        "--reasoning-format", choices=REASONING_FORMAT, metavar="FORMAT",
+        env="LLAMA_ARG_THINK",
+        help="where a chat answer's thought (<think> ... </think>) goes: none leaves it in the "
+             "content; deepseek puts it in reasoning_content (Anthropic: a thinking block; "
+             "Responses: a reasoning item); deepseek-legacy keeps it in the content too; auto "
+             "is deepseek. A request's reasoning_format overrides it"))
     mmproj: str | None = field(default=None, metadata=flag(
         "--mmproj", "-mm", metavar="FILE", env="LLAMA_ARG_MMPROJ",
         help="the target's multimodal projector (a Gemma 3 mmproj GGUF): images in chat "
