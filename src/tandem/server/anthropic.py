@@ -44,7 +44,7 @@ from .images import NO_VISION
 from .jobs import off_loop, read_body, sse_response, wait_results
 from .oai import ChatRun, run_chat
 from .prepare import chat_ids
-from .schemas import ApiError, ChatBody, SamplingFields, describe
+from .schemas import ApiError, ChatBody, SamplingFields, describe, parse_body
 from .state import ServerState
 from .worker import Delta, Done, Progress
 
@@ -181,16 +181,7 @@ class MessagesBody(CountBody):
 def parse(raw: bytes, model: type[CountBody]) -> CountBody:
     """JSON bytes -> a checked body; a 400 naming the field, Anthropic's way
     (messages[2].content[0].tool_use_id)."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise ApiError(400, _describe(e)) from None
+    return parse_body(raw, model, _describe)
 
 
 def _where(loc: tuple) -> str:

@@ -199,8 +199,9 @@ class ChatBody(SamplingFields):
     return_tokens: bool = False  # streamed chunks carry tokens, pieces, origins (oai.py)
 
 
-def parse_body(raw: bytes, model: type[_Body]) -> Any:
-    """JSON bytes -> a validated body; every failure is a 400 that names the field."""
+def parse_body(raw: bytes, model: type[BaseModel], explain=None) -> Any:
+    """JSON bytes -> a validated body; every failure is a 400 that names the field (as
+    explain(error) words it: describe's dotted path unless the API has its own)."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -210,7 +211,7 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ApiError(400, describe(e)) from None
+        raise ApiError(400, (explain or describe)(e)) from None
 
 
 def json_object(raw: bytes) -> dict:
