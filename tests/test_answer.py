@@ -18,7 +18,7 @@ from tandem.server import answer, tools
 NAMES = ["get_weather", "run_tests", "edit"]
 PLAN = {fmt.name: tools.ToolPlan([{"type": "function", "function": {"name": n}} for n in NAMES],
                                  None, True, fmt)
-        for fmt in (tools.HERMES, tools.MISTRAL, tools.LLAMA3)}
+        for fmt in (tools.HERMES, tools.MISTRAL, tools.MISTRAL_ARGS, tools.LLAMA3)}
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=12),
@@ -35,6 +35,9 @@ def _write(fmt: tools.ToolFormat, calls: list[tuple[str, dict]]) -> str:
     objs = [json.dumps({"name": n, key: a}, ensure_ascii=False) for n, a in calls]
     if fmt is tools.MISTRAL:
         return "[TOOL_CALLS][" + ", ".join(objs) + "]"
+    if fmt is tools.MISTRAL_ARGS:
+        return "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a, ensure_ascii=False)}"
+                       for n, a in calls)
     if fmt is tools.LLAMA3:
         return objs[0]
     return "\n".join(f"<tool_call>\n{o}\n</tool_call>" for o in objs)
@@ -55,7 +58,7 @@ def _stream(text: str, plan: tools.ToolPlan, cuts: list[int], thinking: bool = F
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fmt=st.sampled_from(["hermes", "mistral", "llama3"]), text=prose,
+@given(fmt=st.sampled_from(["hermes", "mistral", "mistral-args", "llama3"]), text=prose,
        calls=st.lists(st.tuples(st.sampled_from(NAMES), args_objects), min_size=1, max_size=3),
        cuts=st.lists(st.integers(0, 400), max_size=30))
 def test_any_chunking_gives_the_whole_answers_text_and_calls(fmt, text, calls, cuts):
@@ -129,6 +132,7 @@ def test_a_fenced_call_and_a_cut_call():
 def test_format_follows_the_template():
     assert tools.format_of("{{ '<tool_call>' }}") is tools.HERMES
     assert tools.format_of("[AVAILABLE_TOOLS] ... [TOOL_CALLS]") is tools.MISTRAL
+    assert tools.format_of("[TOOL_CALLS]' + name + '[ARGS]") is tools.MISTRAL_ARGS
     assert tools.format_of('{{- "Environment: ipython\\n" }}') is tools.LLAMA3
     assert tools.format_of(None) is tools.HERMES  # tools described in Hermes' words
 
@@ -139,7 +143,7 @@ SCHEMAS = {"edit": {"type": "object", "properties": {"path": {"type": "string"}}
                     "required": ["path"]}}
 
 
-@pytest.mark.parametrize("fmt", [tools.HERMES, tools.MISTRAL])
+@pytest.mark.parametrize("fmt", [tools.HERMES, tools.MISTRAL, tools.MISTRAL_ARGS])
 def test_a_started_call_must_complete_and_free_text_may_end(models, fmt):
     """The tiny vocabulary has no <tool_call> token: the marker is text, as for SmolLM2/Gemma."""
     engine = Engine(models[0], None, EngineConfig(ctx_size=256), SpecConfig(types=["none"]))
@@ -154,7 +158,9 @@ def test_a_started_call_must_complete_and_free_text_may_end(models, fmt):
     assert not guide.allowed()[eos]  # once the marker is written, the call must come
     forced = tok.decode(guide.forced(40))
     call = '{"name": "edit", "arguments": {"path": "'
-    assert forced == ("[" if fmt.array else "\n") + call, forced
+    if fmt.args:
+        call = 'edit[ARGS]{"path": "'
+    assert forced == {"hermes": "\n", "mistral": "["}.get(fmt.name, "") + call, forced
     rest = _write(fmt, [("edit", {"path": "a.py"})])[len(fmt.open):]
     ids = tok.encode(rest, add_special=False)
     assert guide.valid(ids) == len(ids)
@@ -162,8 +168,8 @@ def test_a_started_call_must_complete_and_free_text_may_end(models, fmt):
     assert guide.allowed()[eos]
     bad = grammar.Guide(tok, n, g)
     bad.advance(tok.encode("x" + fmt.open, add_special=False))
-    wrong = tok.encode('\n{"name": "rm", "arguments": {}}' if not fmt.array else
-                       '[{"name": "rm"', add_special=False)
+    wrong = tok.encode({"hermes": '\n{"name": "rm", "arguments": {}}', "mistral": '[{"name": "rm"',
+                        "mistral-args": "rm[ARGS]{}"}[fmt.name], add_special=False)
     assert bad.valid(wrong) < len(wrong)  # a tool that was not offered cannot be named
 
 

@@ -9,8 +9,8 @@ Parts come in order: Thinking(text) and Text(text) pieces, and per tool call Cal
 id, name) once its name is complete, CallArgs(index, delta) as its arguments are generated
 (the deltas join to the arguments' JSON text), CallEnd(index, id, name, arguments) when the
 call is closed. A call's text is read by a small JSON scanner in the model family's format
-(tools.ToolFormat: Hermes/Qwen's <tool_call> tags, Mistral's [TOOL_CALLS] list, Llama 3.x's
-bare {"name", "parameters"} object), so arguments reach the client while they are generated.
+(tools.ToolFormat: Hermes/Qwen's <tool_call> tags, Mistral's [TOOL_CALLS] list or its newer
+[TOOL_CALLS]name[ARGS]{...}, Llama 3.x's bare {"name", "parameters"} object), so arguments reach the client while they are generated.
 
 Thinking is <think> ... </think> at the start of the answer (or from the start when the
 template opened the thought), split out as llama-server's reasoning formats do (--reasoning-
@@ -348,9 +348,13 @@ class AnswerStream:
         while self.fmt.array and scan.expect == "open" and self.at < len(self.text) and \
                 self.text[self.at] in " \t\r\n[,":  # Mistral's list: its '[', the ','s
             self.at += 1
+        if self.fmt.args and scan.expect == "open" and not self._args_name(scan):
+            return False
         while self.at < len(self.text) and not scan.done and not scan.fail:
             scan.feed(self.text[self.at])
             self.at += 1
+            if self.fmt.args and scan.args is not None:
+                scan.feed("}")  # name[ARGS]{...}: the object read is closed here
             if self.current is None and scan.name is not None:
                 if not self.fmt.open and scan.name not in self.plan.names:
                     scan.fail = True  # a bare object naming no tool is an answer, not a call
@@ -373,6 +377,21 @@ class AnswerStream:
             return False
         self._close_call(out, scan.args)
         self.mode = "after"
+        return True
+
+    def _args_name(self, scan: _Scanner) -> bool:
+        """Mistral's name[ARGS]: the name read as text up to the marker, handed to the scanner
+        as the object's "name"; False while the marker has not come."""
+        rest = self.text[self.at:]
+        i = rest.find(self.fmt.args)
+        if i < 0:
+            if self.finished or len(rest) > 200 or "\n" in rest:
+                scan.fail = True  # not a name
+                return True
+            return False
+        for c in '{"name": ' + json.dumps(rest[:i].strip()) + ', "arguments": ':
+            scan.feed(c)
+        self.at += i + len(self.fmt.args)
         return True
 
     def _send_args(self, out: list[Part]) -> None:

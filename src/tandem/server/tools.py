@@ -58,6 +58,7 @@ class ToolFormat:
     close: str
     args_key: str = "arguments"
     array: bool = False
+    args: str = ""  # the name is plain text up to this marker, the arguments' object follows
 
     @property
     def args_keys(self) -> tuple[str, ...]:
@@ -65,7 +66,8 @@ class ToolFormat:
 
 
 HERMES = ToolFormat("hermes", OPEN, CLOSE)  # Qwen2.5/3, Hermes, and any template without one
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", array=True)
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", array=True)  # Mistral 7B v0.3, Nemo
+MISTRAL_ARGS = ToolFormat("mistral-args", "[TOOL_CALLS]", "", args="[ARGS]")  # Small 3.2, Devstral
 LLAMA3 = ToolFormat("llama3", "", "", args_key="parameters")  # Llama 3.1-3.3's JSON calls
 
 
@@ -73,11 +75,13 @@ def format_of(template: str | None) -> ToolFormat:
     """The call format a chat template teaches its model (Hermes' when it teaches none: the
     tools are then described in Hermes' words, _FALLBACK)."""
     t = template or ""
+    if "[TOOL_CALLS]" in t and "[ARGS]" in t:
+        return MISTRAL_ARGS
     if "[TOOL_CALLS]" in t:
         return MISTRAL
     if OPEN in t:
         return HERMES
-    if "Environment: ipython" in t:
+    if "Environment: ipython" in t and "<function=" not in t:  # not Functionary v3.1's
         return LLAMA3
     return HERMES
 
@@ -150,7 +154,7 @@ def _schemas(tools: list) -> dict[str, dict]:
     return by_name
 
 
-def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str],
+def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str] | dict[str, int],
                fmt: ToolFormat = HERMES, lazy: bool = False) -> str:
     """A Lark grammar (llguidance's) for one (or, with several, one or more) calls in the
     format, each naming one of the functions with arguments valid for its parameters schema;
@@ -163,9 +167,16 @@ def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str],
             "required": ["name", fmt.args_key], "additionalProperties": False}
            for name, params in schemas.items()]
     schema = {**(one[0] if len(one) == 1 else {"anyOf": one}), "x-guidance": grammar.JSON_OPTIONS}
-    tag = {t: t if t in vocab else json.dumps(t) for t in (fmt.open, fmt.close) if t}
+    tag = {t: _token(t, vocab) for t in (fmt.open, fmt.close, fmt.args) if t}
     lines = [f"body: %json {json.dumps(schema)}"]
-    if fmt.array:
+    if fmt.args:  # name[ARGS]{arguments}: one alternative per tool
+        opts = {**grammar.JSON_OPTIONS}
+        lines = [" | ".join(f"{json.dumps(name)} {tag[fmt.args]} %json "
+                            f"{json.dumps({**params, 'x-guidance': opts})}"
+                            for name, params in schemas.items())]
+        lines[0] = "body: " + lines[0]
+        rest = "body"
+    elif fmt.array:
         rest = '"[" body ("," " " body)* "]"' if several else '"[" body "]"'
     elif fmt.open:
         rest = f'"\\n" body "\\n" {tag[fmt.close]}'
@@ -173,13 +184,19 @@ def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str],
         rest = "body"
     lines.append(f"rest: {rest}")
     many = several and not fmt.array  # a list holds its calls; tags come one after another
+    if fmt.args:
+        start_many = ' (call)*'
+    else:
+        start_many = ' ("\\n" call)*'
+
     repeat = ("*" if many else "?") if lazy else ""
     if not fmt.open:  # Llama 3.x: the answer is the call, or (lazy) text not starting with '{'
         start = 'start: rest | TEXT\nTEXT: /(?s:.*)/ & ~/\\s*\\{(?s:.*)/' if lazy else \
             "start: rest"
-    elif fmt.open in vocab:  # a special token: free text can never hold it
+    elif fmt.open in vocab and not tag[fmt.open].startswith('"'):  # a special token: free
+        # text can never hold it
         start = f"start: TEXT (call TEXT){repeat}\nTEXT: /(?s:.*)/" if lazy else \
-            "start: call" + (' ("\\n" call)*' if many else "")
+            "start: call" + (start_many if many else "")
         lines.append(f"call: {tag[fmt.open]} rest")
     elif lazy:  # a text marker: text up to its first occurrence is one lexeme, then the call
         m = _regex_escape(fmt.open)
@@ -188,9 +205,19 @@ def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str],
                  f"TEXT: /(?s:.*)/ & ~/(?s:.*){m}(?s:.*)/\n"
                  f"OPENED: /(?s:.*){m}/ & ~/(?s:.*){m}(?s:.+)/")
     else:
-        start = "start: call" + (' ("\\n" call)*' if many else "")
+        start = "start: call" + (start_many if many else "")
         lines.append(f"call: {tag[fmt.open]} rest")
     return "\n".join([start] + lines) + "\n"
+
+
+def _token(text: str, vocab: set[str] | dict[str, int]) -> str:
+    """A marker in the grammar: the special token where the vocabulary has it (<tool_call> by
+    name, [TOOL_CALLS] by its id), else its text."""
+    if text not in vocab:
+        return json.dumps(text)
+    if text.startswith("<") and text.endswith(">"):
+        return text
+    return f"<[{vocab[text]}]>" if isinstance(vocab, dict) else json.dumps(text)
 
 
 def _regex_escape(text: str) -> str:
@@ -199,7 +226,8 @@ def _regex_escape(text: str) -> str:
 
 def _calls_grammar(engine: Engine, schemas: dict[str, dict], several: bool,
                    fmt: ToolFormat = HERMES, lazy: bool = False) -> str:
-    g = grammar.from_lark(calls_lark(schemas, several, set(engine.tok.tokens), fmt, lazy))
+    vocab = {t: i for i, t in enumerate(engine.tok.tokens)}
+    g = grammar.from_lark(calls_lark(schemas, several, vocab, fmt, lazy))
     try:
         grammar.check(engine.tok, engine.target.args.vocab_size, g, "tools")
     except grammar.GrammarError as e:
