@@ -96,6 +96,7 @@ def test_the_proxy_records_a_streamed_and_a_plain_answer(upstream):
         assert rec.take() == []
     assert streamed["stream"] and streamed["status"] == 200 and streamed["temperature"] == 0
     assert streamed["text"] == "Hello" and streamed["items"] == 1
+    assert streamed["request_sha256"] != whole["request_sha256"]
     assert streamed["tool_calls"] == [{"name": "run_tests", "arguments": "{}"}]
     assert (streamed["prompt_tokens"], streamed["completion_tokens"]) == (30, 4)
     assert streamed["timings"] == TIMINGS
@@ -163,5 +164,20 @@ def test_the_report_compares_transcripts_and_walls():
     llama = [s for s in rep["transcripts"] if s["config"] == "llama-ngram-mod"]
     assert llama[0]["first_difference_turn"] == 2
     assert "**2.00x**" in agentreport.markdown(rep, "tandem bench --agent aider")
+    assert llama[0]["same_request_there"] is None  # no request hashes recorded here
     runs[1] = _run("candidate", ["a"], 5.0)
     assert not agentreport.report(runs, configs, {})["speculation_kept_transcripts"]
+
+
+def test_request_hashes_leave_out_the_ids_servers_make_up():
+    from tandem.measure.recorder import _request_fields
+
+    def body(call_id: str, text: str) -> bytes:
+        return json.dumps({"messages": [
+            {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function",
+                                                  "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": text}]}).encode()
+
+    same = {_request_fields(body(c, "ok"))["request_sha256"] for c in ("call_1", "call_2")}
+    assert len(same) == 1
+    assert _request_fields(body("call_1", "no"))["request_sha256"] not in same

@@ -23,8 +23,8 @@ repository after the agent has finished: hidden tests, or the original tests bac
 `python -m pytest -q` in the repository passes afterwards.
 
 Every configuration (Tandem alone = `baseline`, Tandem with speculation = `candidate`: --spec-type,
-else `auto` with the draft; with --llama-server, llama.cpp alone and the types of
---llama-spec-types) is served at once; each agent talks to its server through a recording proxy
+else `auto` with the draft; with --llama-server, the types of --llama-spec-types, and llama.cpp
+alone with --agent-llama-alone) is served at once; each agent talks to its server through a recording proxy
 (recorder.py) that times every request: its first content (the turn's first-token delay), its
 end, its tokens, tool calls and the server's timings (tokens drafted and accepted). The runs go
 task by task and agent by agent, every configuration before the next, the order reversed every
@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="--agent openai-agents: model turns per task (8)")
     g.add_argument("--agent-max-tokens", type=int, default=2048,
                    help="--agent: tokens per model turn (2048)")
+    g.add_argument("--agent-llama-alone", action="store_true",
+                   help="--agent with --llama-server: also llama.cpp's target alone (default: "
+                        "only the types of --llama-spec-types)")
     g.add_argument("--agent-timeout", type=float, default=900.0,
                    help="--agent: seconds one agent run may take before it is stopped (900)")
 
@@ -235,6 +238,8 @@ def agent_command(agent: str, python: str, task: Task, repo: Path, url: str,
                 "--no-check-update", "--no-show-release-notes", "--no-show-model-warnings",
                 "--no-pretty", "--no-fancy-input", "--no-detect-urls",
                 "--no-suggest-shell-commands", "--no-notifications", "--no-restore-chat-history",
+                # no summaries of the chat in a background thread, beside the turns
+                "--max-chat-history-tokens", str(int(args.ctx_size)),
                 "--chat-history-file", str(home / "chat.md"),
                 "--input-history-file", str(home / "input.txt"),
                 "--timeout", str(int(args.agent_timeout)), "--auto-test", "--test-cmd",
@@ -291,7 +296,8 @@ def run_agents(plan: Plan) -> int:
     agents = agent_pythons(a)
     scratch = Path(tempfile.gettempdir()) / f"tandem-agent-bench-{os.getpid()}"
     runs: list[dict] = []
-    todo = [BASELINE, *plan.variants, *plan.llama_variants()]
+    todo = [BASELINE, *plan.variants, *(v for v in plan.llama_variants()
+                                         if a.agent_llama_alone or v.spec_type != "none")]
     try:
         with servers.serving(plan, todo) as served, _recorders(served) as recorders:
             steps = [(r, t, ag) for r in range(a.passes) for t in tasks for ag in agents]

@@ -144,8 +144,18 @@ def _equal(by: dict, agent: str, task: str) -> list[dict]:
         for i, (x, y) in enumerate(zip(by[(agent, task, spec)], by[(agent, task, alone)])):
             diff = first_difference(x, y)
             out.append({"agent": agent, "task": task, "config": spec, "against": alone,
-                        "round": i, "equal": diff is None, "first_difference_turn": diff})
+                        "round": i, "equal": diff is None, "first_difference_turn": diff,
+                        "same_request_there": _same_request(x, y, diff)})
     return out
+
+
+def _same_request(a: dict, b: dict, turn: int | None) -> bool | None:
+    """Whether both runs sent the same request at `turn` (so the answers, not the agents'
+    prompts, differ there); None when unknown (no such turn, no hash recorded)."""
+    if turn is None or turn > min(len(a["requests"]), len(b["requests"])):
+        return None
+    x, y = (r["requests"][turn - 1].get("request_sha256") for r in (a, b))
+    return None if x is None or y is None else x == y
 
 
 # ---- Markdown ------------------------------------------------------------------------------------
@@ -221,6 +231,9 @@ def _transcript_lines(rep: dict) -> list[str]:
            "| agent | task | configuration | against | round | equal |", "|---|---|---|---|---|---|"]
     for s in rep["transcripts"]:
         verdict = "yes" if s["equal"] else f"no: from turn {s['first_difference_turn']}"
+        if s.get("same_request_there") is not None:
+            verdict += (", the same request answered differently" if s["same_request_there"]
+                        else ", after a different request")
         out.append(f"| {s['agent']} | {s['task']} | {labels.get(s['config'], s['config'])} | "
                    f"{labels.get(s['against'], s['against'])} | {s['round'] + 1} | {verdict} |")
     return out

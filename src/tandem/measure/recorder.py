@@ -1,6 +1,6 @@
 """A recording proxy for `tandem bench --agent`: it sits between an agent client and a server,
 forwards every request (a streamed answer streamed through as it arrives, event by event) and
-records, per request: when it started, when the answer's headers and its first content (text,
+records, per request: a hash of what it asked (the ids servers make up left out), when it started, when the answer's headers and its first content (text,
 reasoning or a tool call) came, when it ended, the prompt and completion tokens, the tool calls
 in the answer and the server's `timings` (draft_n, draft_n_accepted, cache_n, prompt_ms, ...).
 
@@ -193,6 +193,12 @@ class _Forward(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet: the records are the log
         pass
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # a client closed a kept-alive connection
+
     def do_GET(self) -> None:
         self._forward()
 
@@ -284,8 +290,23 @@ def _request_fields(body: bytes | None) -> dict:
     if not isinstance(obj, dict):
         return {"request_bytes": len(body)}
     items = obj.get("messages") if isinstance(obj.get("messages"), list) else obj.get("input")
-    return {"request_bytes": len(body), "model": obj.get("model"),
+    stable = json.dumps(_without_ids(obj), sort_keys=True).encode()
+    return {"request_bytes": len(body), "request_sha256": hashlib.sha256(stable).hexdigest(),
+            "model": obj.get("model"),
             "temperature": obj.get("temperature"), "max_tokens": obj.get("max_tokens",
                                                                           obj.get("max_output_tokens")),
             "items": len(items) if isinstance(items, list) else None,
             "tools": len(obj["tools"]) if isinstance(obj.get("tools"), list) else 0}
+
+
+VOLATILE = {"id", "call_id", "tool_call_id", "previous_response_id"}
+
+
+def _without_ids(obj: object) -> object:
+    """The request without the ids a server made up (tool calls', responses', items'), so that
+    two runs that sent the same conversation hash alike."""
+    if isinstance(obj, dict):
+        return {k: _without_ids(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_without_ids(v) for v in obj]
+    return obj
