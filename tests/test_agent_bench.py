@@ -181,3 +181,12 @@ def test_request_hashes_leave_out_the_ids_servers_make_up():
     same = {_request_fields(body(c, "ok"))["request_sha256"] for c in ("call_1", "call_2")}
     assert len(same) == 1
     assert _request_fields(body("call_1", "no"))["request_sha256"] not in same
+
+
+def test_an_agent_runs_with_a_fixed_hash_seed_and_its_own_home(tmp_path):
+    """aider orders the chat's files by a set of strings: the same seed, the same prompt."""
+    import sys
+
+    code = "import os; print(os.environ['PYTHONHASHSEED'], os.environ['HOME'])"
+    ran = agent.run_agent([sys.executable, "-c", code], tmp_path, tmp_path / "home", 60)
+    assert ran["rc"] == 0 and ran["output"].split() == ["0", str(tmp_path / "home")]

@@ -259,8 +259,10 @@ def run_agent(command: list[str], cwd: Path, home: Path, timeout: float) -> dict
     seconds, the tail of what it printed."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OPENAI_", "AIDER_", "TANDEM_", "LITELLM_"))}
+    # PYTHONHASHSEED: aider lists the chat's files in the order of a set of strings, which
+    # Python's per-process hash seed would change from run to run (another prompt)
     env.update(HOME=str(home), LITELLM_LOCAL_MODEL_COST_MAP="True", NO_COLOR="1",
-               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONHASHSEED="0",
                OPENAI_AGENTS_DISABLE_TRACING="1", PYTHONUNBUFFERED="1", TERM="dumb")
     start = time.monotonic()
     with tempfile.TemporaryFile() as out:
