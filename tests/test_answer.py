@@ -129,6 +129,25 @@ def test_a_fenced_call_and_a_cut_call():
     assert answer.of(broken, plan) == answer.Answer(broken, None, [])
 
 
+def test_a_code_block_streams_as_soon_as_it_cannot_be_a_call():
+    """With tools offered, a fence is held only while it may still open {"name": a tool}."""
+    plan = PLAN["hermes"]
+    for head in ("```python\n", "```json\n{\"a\"", '```json\n{"name": "average"',
+                 "```\n[1, 2"):
+        s = answer.AnswerStream(plan)
+        parts = s.feed("Here:\n" + head)
+        assert "".join(p.text for p in parts) == "Here:\n" + head
+        more = s.feed(" more\n```\nDone <tool")
+        assert "".join(p.text for p in more) == " more\n```\nDone ", head
+    s = answer.AnswerStream(plan)  # undecided: '```js' may still be '```json'
+    assert "".join(p.text for p in s.feed("A\n```js")) == "A\n"
+    s = answer.AnswerStream(plan)
+    assert "".join(p.text for p in s.feed('Sure:\n```json\n{"name": "edit", ')) == "Sure:\n"
+    parts = s.feed('"arguments": {"a": 1}}\n```\nand then')
+    assert [type(p).__name__ for p in parts] == ["CallStart", "CallArgs", "CallEnd", "Text"]
+    assert s.answer().calls[0]["function"]["arguments"] == '{"a": 1}'
+
+
 def test_format_follows_the_template():
     assert tools.format_of("{{ '<tool_call>' }}") is tools.HERMES
     assert tools.format_of("[AVAILABLE_TOOLS] ... [TOOL_CALLS]") is tools.MISTRAL

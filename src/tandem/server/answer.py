@@ -244,7 +244,7 @@ class AnswerStream:
             # the answer ended inside a call (a length limit): what came of it is sent
             self._close_call(out, self.scan.args_live)
             self.cut = True
-        elif self.mode in ("call", "held"):
+        elif self.mode in ("call", "held", "fence"):
             self._held(out, self.text[self.call_at:])
         elif rest:
             self._emit(out, Text(rest))
@@ -293,7 +293,42 @@ class AnswerStream:
             return self._call(out)
         if self.mode == "after":
             return self._after(rest, out)
+        if self.mode == "fence":
+            return self._fence(out)
+        if self.mode == "code":
+            return self._code(rest, out)
         return False  # held: decided at finish
+
+    def _fence(self, out: list[Part]) -> bool:
+        """A code block that may hold a call: held while it may, sent as text (streamed on)
+        as soon as it cannot, parsed once it closes if it does."""
+        held = self.text[self.call_at:]
+        verdict = _fence_verdict(held, self.plan.names)
+        if verdict is None:
+            return False  # not decided yet (at the end: finish parses what is held)
+        if verdict == "text":
+            self._emit(out, Text(FENCE))
+            self.at, self.mode = self.call_at + len(FENCE), "code"
+            return True
+        end = held.find(FENCE, len(FENCE))
+        if end < 0:
+            return False
+        self._held(out, held[:end + len(FENCE)])
+        self.at, self.mode = self.call_at + end + len(FENCE), "text"
+        return True
+
+    def _code(self, rest: str, out: list[Part]) -> bool:
+        """Inside a code block that is not a call: text, up to and with its closing fence."""
+        end = rest.find(FENCE)
+        if end >= 0:
+            self._emit(out, Text(rest[:end + len(FENCE)]))
+            self.at += end + len(FENCE)
+            self.mode = "text"
+            return True
+        keep = 0 if self.finished else _partial(rest, (FENCE,))
+        self._emit(out, Text(rest[:len(rest) - keep]))
+        self.at += len(rest) - keep
+        return False
 
     def _markers(self) -> tuple[str, ...]:
         if not self.plan.parse:
@@ -321,9 +356,10 @@ class AnswerStream:
         if hits:
             i, m = min(hits)
             self._emit(out, Text(rest[:i] if rest[:i].strip() or not self.calls else ""))
-            if m == FENCE:
-                self.call_at, self.at, self.mode = self.at + i, len(self.text), "held"
-                return False
+            if m == FENCE:  # a code block: a call only if it opens {"name": a tool's
+                self.call_at = self.at = self.at + i
+                self.mode = "fence"
+                return True
             self._begin_call(i, len(m), out)
             return True
         if self.plan.parse and not self.fmt.open and not self.text_parts and not rest.strip() \
@@ -457,6 +493,28 @@ class AnswerStream:
             return
         (self.text_parts if isinstance(part, Text) else self.think_parts).append(part.text)
         out.append(part)
+
+
+def _fence_verdict(held: str, names: set[str]) -> str | None:
+    """Whether a code block (held, from its opening fence) is a call: "call" once it opens
+    {"name": "<one of the tools>", "text" once it cannot, None while undecided."""
+    line, nl, body = held[len(FENCE):].partition("\n")
+    lang = line.strip()
+    if not nl:
+        return None if any(k.startswith(lang) for k in ("json", "xml")) else "text"
+    if lang not in ("", "json", "xml"):
+        return "text"
+    rest = body.lstrip()
+    for expect in ("{", '"name"', ":", '"'):
+        if len(rest) < len(expect):
+            return None if expect.startswith(rest) else "text"
+        if not rest.startswith(expect):
+            return "text"
+        rest = rest[len(expect):].lstrip() if expect != '"' else rest[len(expect):]
+    name, quote, _ = rest.partition('"')
+    if not quote:
+        return None if any(n.startswith(name) for n in names) else "text"
+    return "call" if name in names else "text"
 
 
 def _partial(text: str, marks: tuple[str, ...]) -> int:
