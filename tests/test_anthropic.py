@@ -33,14 +33,7 @@ from tests.servers import KEY, Server, same_weights_pair
 
 anthropic = pytest.importorskip("anthropic")
 
-HERMES = (
-    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
-    "\n</tools><|im_end|>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n"
-    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
-    "\n</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+HERMES = tiny.HERMES
 WEATHER = {"name": "get_weather", "description": "Current weather in a city", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -456,16 +449,8 @@ def _png(seed: int) -> str:
 
 @pytest.fixture(scope="module")
 def vision(tmp_path_factory):
-    import transformers
-
     d = tmp_path_factory.mktemp("anthropic-vision")
-    m = tiny_vision.hf_model(seed=5)
-    mmproj = tiny_vision.write_mmproj(m, d / "mmproj.gguf")
-    text = transformers.Gemma3ForCausalLM(m.config.text_config).eval()
-    with torch.no_grad():
-        text.model.load_state_dict(m.model.language_model.state_dict())
-        text.lm_head.weight.copy_(m.lm_head.weight)
-    model = tiny.write_gguf(text, d / "text.gguf", "gemma3")
+    model, mmproj = tiny_vision.write_pair(d)
     s = Server(["--model", str(model), "--mmproj", str(mmproj), "--ctx-size", "512", "-t", "1"],
                d / "vision.log")
     try:

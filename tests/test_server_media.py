@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from tests import tiny, tiny_vision
+from tests import tiny_vision
 from tests.servers import GREEDY, Server
 
 
@@ -31,16 +31,8 @@ def _png(seed: int, size=(40, 24)) -> bytes:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    import transformers
-
     d = tmp_path_factory.mktemp("media")
-    m = tiny_vision.hf_model(seed=5)
-    mmproj = tiny_vision.write_mmproj(m, d / "mmproj.gguf")
-    text = transformers.Gemma3ForCausalLM(m.config.text_config).eval()
-    with torch.no_grad():
-        text.model.load_state_dict(m.model.language_model.state_dict())
-        text.lm_head.weight.copy_(m.lm_head.weight)
-    model = tiny.write_gguf(text, d / "text.gguf", "gemma3")
+    model, mmproj = tiny_vision.write_pair(d)
     (d / "slots").mkdir()
     (d / "media" / "sub").mkdir(parents=True)
     (d / "media" / "sub" / "cat.png").write_bytes(_png(1))

@@ -187,14 +187,7 @@ def test_bad_grammars_and_schemas_name_the_problem(models):
 
 # ---- the server --------------------------------------------------------------------------------
 
-HERMES = (  # a chat template with a place for tools, as Qwen2.5's and Hermes' have
-    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
-    "\n</tools><|im_end|>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n"
-    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
-    "\n</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+HERMES = tiny.HERMES
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {

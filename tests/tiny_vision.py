@@ -129,6 +129,20 @@ def write_mmproj(model, path: Path, *, outtype: str = "f16", projector_type: str
     return path
 
 
+def write_pair(d: Path, seed: int = 5) -> tuple[Path, Path]:
+    """(text model GGUF, projector GGUF) of one tiny Gemma 3 with vision, as `tandem serve
+    --model --mmproj` takes them."""
+    import transformers
+
+    m = hf_model(seed=seed)
+    mmproj = write_mmproj(m, d / "mmproj.gguf")
+    text = transformers.Gemma3ForCausalLM(m.config.text_config).eval()
+    with torch.no_grad():
+        text.model.load_state_dict(m.model.language_model.state_dict())
+        text.lm_head.weight.copy_(m.lm_head.weight)
+    return tiny.write_gguf(text, d / "text.gguf", "gemma3"), mmproj
+
+
 def reference(model, pixels: torch.Tensor) -> torch.Tensor:
     """transformers' image features: vision tower + multi-modal projector, (tokens, text dim)."""
     with torch.no_grad():
