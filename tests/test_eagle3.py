@@ -171,6 +171,7 @@ def test_drafts_are_the_references_predictions(pair, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Eagle3Proposer, "propose", spy)
     e = _engine(target, head, "draft-eagle3", prefill_chunk=5)
+    _run(_engine(target, None, "none"), GREEDY)  # another engine on the same target between
     out = _run(e, GREEDY).output
     assert len(seen) >= len(out) // 2
     _agree(seen, cfg, w, hf.model.embed_tokens.weight.detach(), target, PROMPT + out)

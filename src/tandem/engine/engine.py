@@ -60,8 +60,6 @@ class Engine:
         self.max_k = spec.spare_positions
         self.caches = SlotCaches(target, draft, cfg, cfg.max_len(spec),
                                  cfg.cache_ram_bytes(available_memory()[0]), self.head)
-        # the target's passes hand the head the inputs of its layers
-        target.model.feature_layers = () if self.head is None else self.head.target_layers
         self.cache, self.draft_cache = self.caches.target, self.caches.draft
         self.prompt_cache = self.caches.prompt  # (--cache-ram)
         self.scheduler = Scheduler(cfg, self.max_k, target.model.full_speed_rows)
@@ -304,6 +302,8 @@ class Engine:
         batch = pack(plan.gen, drafts, plan.chunks, self.cache)
         feats = None
         if self.head is not None:  # every row's features, for the sequences' heads
+            # the target's layers to copy, set per pass: another engine may share the target
+            self.target.model.feature_layers = self.head.target_layers
             feats = torch.empty(len(batch.tokens), len(self.head.target_layers) *
                                 self.target.args.dim)
         t0 = time.perf_counter()
