@@ -136,6 +136,8 @@ def test_page_files_need_no_key_and_no_ui_turns_them_off(servers):
     assert httpx.get(a.url + "/props").status_code == 401  # the API still wants the key
     missing = httpx.get(a.url + "/static/nothing.js")
     assert missing.status_code == 404 and "nothing.js" in missing.json()["error"]["message"]
+    # a name longer than the file system allows is just not one of the page's files
+    assert httpx.get(a.url + "/static/" + "x" * 300 + ".js").status_code == 404
     for path in PUBLIC:  # --no-ui: none of them, the API as before
         assert httpx.get(b.url + path, headers=AUTH).status_code == 404, path
     assert httpx.get(b.url + "/v1/models", headers=AUTH).status_code == 200
