@@ -441,11 +441,8 @@ class AnswerStream:
 
     def _close_call(self, out: list[Part], arguments: str) -> None:
         c = self.current
-        if len(arguments) > self.sent_args and arguments.startswith(
-                arguments[:self.sent_args]) and self.sent_args:
+        if len(arguments) > self.sent_args:  # what the deltas have not sent yet
             out.append(CallArgs(c.index, arguments[self.sent_args:]))
-        elif not self.sent_args and arguments:
-            out.append(CallArgs(c.index, arguments))
         out.append(CallEnd(c.index, c.id, c.name, arguments))
         self.calls.append({"id": c.id, "type": "function",
                            "function": {"name": c.name, "arguments": arguments}})

@@ -118,9 +118,7 @@ def plan(engine: Engine, body: ChatBody, enforce: bool = True) -> ToolPlan:
     if choice == "none":
         return NO_TOOLS
     fmt = format_of(engine.tok.chat_template)
-    if choice == "auto":
-        names = list(by_name)
-    elif choice == "required":
+    if choice in ("auto", "required"):
         names = list(by_name)
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict) and \
             choice["function"].get("name") in by_name:
@@ -170,11 +168,10 @@ def calls_lark(schemas: dict[str, dict], several: bool, vocab: set[str] | dict[s
     tag = {t: _token(t, vocab) for t in (fmt.open, fmt.close, fmt.args) if t}
     lines = [f"body: %json {json.dumps(schema)}"]
     if fmt.args:  # name[ARGS]{arguments}: one alternative per tool
-        opts = {**grammar.JSON_OPTIONS}
-        lines = [" | ".join(f"{json.dumps(name)} {tag[fmt.args]} %json "
-                            f"{json.dumps({**params, 'x-guidance': opts})}"
-                            for name, params in schemas.items())]
-        lines[0] = "body: " + lines[0]
+        lines = ["body: " + " | ".join(
+            f"{json.dumps(name)} {tag[fmt.args]} %json "
+            f"{json.dumps({**params, 'x-guidance': grammar.JSON_OPTIONS})}"
+            for name, params in schemas.items())]
         rest = "body"
     elif fmt.array:
         rest = '"[" body ("," " " body)* "]"' if several else '"[" body "]"'
