@@ -58,12 +58,23 @@ def _tolerance(kv: torch.dtype, bits: str = "int16", q4k: bool = False) -> float
     largest value), which moves a tiny model's logits by up to ~1% (measured over seeds:
     qwen2 0.5% with the f32 cache, qwen3 1.2% with the f16 cache; int16 stays below 3e-4).
     q4k: the 256-wide Q4_K model, whose int16 steps part further (6.7e-4 measured with the
-    f32 cache): 4-bit weights of a random model make larger activations from a one-ulp change."""
+    f32 cache): 4-bit weights of a random model make larger activations from a one-ulp change.
+    The half cache's 2e-3: 1.06e-3 measured on a Sapphire Rapids Xeon (avx512_fp16), whose
+    PyTorch kernels sum in another order than a Zen 4's; a wrong value is orders larger."""
     if bits != "int16":
         return 2e-2
     if q4k:
         return 2e-3
-    return 2e-4 if kv == torch.float32 else 1e-3
+    return 2e-4 if kv == torch.float32 else 2e-3
+
+
+def _same_argmax_where_clear(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    """got's argmax is want's at every position whose top two logits are further apart than
+    both paths' allowed difference (a near-tie may fall either way)."""
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * tol * want.abs().max()
+    assert clear.float().mean() > 0.5  # the check still covers most positions
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
 def _logits(m, ids: list[int], chunk: int, native: bool, max_len: int = 128,
@@ -214,7 +225,7 @@ def test_three_query_heads_per_key_head_over_several_key_blocks(tmp_path, bits, 
     if bits == "int16":  # (int8 roundings of the two paths' activations part at a few places)
         want = _logits(m, ids, len(ids), native=False, max_len=256, kv=kv)
         assert (whole - want).abs().max().item() <= _tolerance(kv) * want.abs().max().item()
-        assert torch.equal(whole.argmax(-1), want.argmax(-1))
+        _same_argmax_where_clear(whole, want, _tolerance(kv))
     assert torch.equal(_logits(m, ids, 7, native=True, max_len=256, kv=kv), whole)
     assert torch.equal(_logits(m, ids, 1, native=True, max_len=256, kv=kv), whole)
 

@@ -34,7 +34,8 @@ SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "draft-eagle3", 
 
 # GGML type ids of the block types the native kernels read (ggml.h; the enum in kernels/tq.h)
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-                "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+                "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+                "Q2_K": 10, "Q3_K": 11, "IQ4_NL": 20, "IQ4_XS": 23, "F16": 1, "BF16": 30}
 
 # block types that map exactly onto PyTorch's int4 kernel (w = scale * q + offset, q in 0..15)
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")

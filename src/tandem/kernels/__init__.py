@@ -36,7 +36,8 @@ from ..choices import KERNEL_TYPES
 from ..errors import TandemError
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "gemm.c",
+SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "rowdotn.c",
+                              "gemm.c",
                               "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
 HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx_avx2.h")]

@@ -95,8 +95,15 @@ static inline __m256i fold512(__m512i s) {
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,  /* ggml type ids */
+       /* read by rowdotn.c's kernels (row by row at every row count) */
+       T_F16 = 1, T_Q2_K = 10, T_Q3_K = 11, T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30,
        /* Q4_K, Q6_K, Q4_0 and Q5_0 in 16-row groups (rowdotx.c), int8 activations only */
        T_Q4_KX = 112, T_Q6_KX = 114, T_Q4_0X = 102, T_Q5_0X = 106 };
+/* rowdotn.c's types: integer (int16 or int8 activations) and float (float32 activations) */
+static inline int type_n(int64_t type) {
+    return type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS;
+}
+static inline int type_f(int64_t type) { return type == T_F16 || type == T_BF16; }
 static inline int type_x(int64_t type) {
     return type == T_Q4_KX || type == T_Q6_KX || type == T_Q4_0X || type == T_Q5_0X;
 }
@@ -142,12 +149,23 @@ static inline int64_t block_bytes(int type) {
     case T_Q6_KX: return 210;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
+    case T_IQ4_NL: return 18;
+    case T_IQ4_XS: return 136;
+    case T_F16: return 64; /* float types: blocks of 32 halves (K % 32 == 0) */
+    case T_BF16: return 64;
     }
     return 0;
 }
 
 static inline int64_t block_weights(int type) {
-    return type >= T_Q4_K && type != T_Q4_0X && type != T_Q5_0X ? 256 : 32;
+    switch (type) {
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_Q4_KX: case T_Q6_KX:
+    case T_Q2_K: case T_Q3_K: case T_IQ4_XS:
+        return 256;
+    }
+    return 32;
 }
 
 /* acc[m] + offv[m], summed across lanes, + off[m]: the end of every row's dot product */
@@ -388,11 +406,13 @@ static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, con
         case T_Q6_K: ROW_LOOP(fn, T_Q6_K, mr) break;                                          \
         }                                                                                     \
     }
-/* fn_rows_1 .. fn_rows_10 (MR) and TABLE[mr] */
-#define ROW_DOT_TABLE(fn, acts, TABLE)                                                        \
-    ROWS_FN(fn, acts, 1) ROWS_FN(fn, acts, 2) ROWS_FN(fn, acts, 3) ROWS_FN(fn, acts, 4)       \
-    ROWS_FN(fn, acts, 5) ROWS_FN(fn, acts, 6) ROWS_FN(fn, acts, 7) ROWS_FN(fn, acts, 8)       \
-    ROWS_FN(fn, acts, 9) ROWS_FN(fn, acts, 10)                                                \
+/* fn_rows_1 .. fn_rows_10 (MR) and TABLE[mr], the row loops made by ROWS (ROWS_FN: the types
+ * above; rowdotn.c has its own) */
+#define ROW_DOT_TABLE(fn, acts, TABLE) ROW_DOT_TABLE_OF(ROWS_FN, fn, acts, TABLE)
+#define ROW_DOT_TABLE_OF(ROWS, fn, acts, TABLE)                                               \
+    ROWS(fn, acts, 1) ROWS(fn, acts, 2) ROWS(fn, acts, 3) ROWS(fn, acts, 4)                   \
+    ROWS(fn, acts, 5) ROWS(fn, acts, 6) ROWS(fn, acts, 7) ROWS(fn, acts, 8)                   \
+    ROWS(fn, acts, 9) ROWS(fn, acts, 10)                                                      \
     TQ_HIDDEN void (*const TABLE[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,    \
                                           const acts *, float *, int64_t, const float *) = {  \
         0, fn##_rows_1, fn##_rows_2, fn##_rows_3, fn##_rows_4,                                \
@@ -404,6 +424,19 @@ extern TQ_HIDDEN void (*const ROW_DOTS[MR + 1])(int, const uint8_t *, int64_t, i
                                                 const acts_t *, float *, int64_t, const float *);
 extern TQ_HIDDEN void (*const ROW_DOTS8[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
                                                  const acts8_t *, float *, int64_t, const float *);
+
+/* rowdotn.c: the same for its types (type_n: int16 or int8 activations; type_f: float32
+ * activations, rows of K at x) */
+typedef struct {
+    const float *x; /* row m: x + m * K */
+    int64_t K;
+} actsf_t;
+extern TQ_HIDDEN void (*const ROW_DOTSN[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
+                                                 const acts_t *, float *, int64_t, const float *);
+extern TQ_HIDDEN void (*const ROW_DOTSN8[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
+                                                  const acts8_t *, float *, int64_t, const float *);
+extern TQ_HIDDEN void (*const ROW_DOTSF[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
+                                                 const actsf_t *, float *, int64_t, const float *);
 
 /* rowdotx.c: weight rows [n0, n1) of a 16-row group tensor (type_x; multiples of 16) against M
  * int8 activation rows (quantize_row8 per ablock = 64, 128 or 256 values, pairs 0): y = dot +

@@ -77,6 +77,86 @@ static void dequant_row(int type, const uint8_t *w, int64_t K, float *y) {
     }
 }
 
+/* rowdotn.c's types, one row, as llama.cpp's dequantize_row_* computes them */
+static const int8_t KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                    1,    13,   25,  38,  53,  69,  89,  113};
+
+static void dequant_row_n(int type, const uint8_t *w, int64_t K, float *y) {
+    switch (type) {
+    case T_F16:
+        for (int64_t k = 0; k < K; k++)
+            y[k] = f16(w + 2 * k);
+        break;
+    case T_BF16:
+        for (int64_t k = 0; k < K; k++) {
+            const uint32_t u = (uint32_t)(w[2 * k] | (w[2 * k + 1] << 8)) << 16;
+            memcpy(y + k, &u, 4);
+        }
+        break;
+    case T_IQ4_NL:
+        for (int64_t g = 0; g < K / 32; g++, w += 18, y += 32) {
+            const float d = f16(w);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * KV_IQ4NL[w[2 + j] & 0xF];
+                y[j + 16] = d * KV_IQ4NL[w[2 + j] >> 4];
+            }
+        }
+        break;
+    case T_IQ4_XS:
+        for (int64_t sb = 0; sb < K / 256; sb++, w += 136) {
+            const float d = f16(w);
+            const int sh = w[2] | (w[3] << 8);
+            for (int b = 0; b < 8; b++, y += 32) {
+                const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
+                const float dl = d * (float)(ls - 32);
+                const uint8_t *qs = w + 8 + 16 * b;
+                for (int j = 0; j < 16; j++) {
+                    y[j] = dl * KV_IQ4NL[qs[j] & 0xF];
+                    y[j + 16] = dl * KV_IQ4NL[qs[j] >> 4];
+                }
+            }
+        }
+        break;
+    case T_Q2_K:
+        for (int64_t sb = 0; sb < K / 256; sb++, w += 84) {
+            const float d = f16(w + 80), dmin = f16(w + 82);
+            const uint8_t *sc = w, *q = w + 16;
+            for (int h = 0, is = 0; h < 2; h++, q += 32)
+                for (int j = 0; j < 4; j++)
+                    for (int p = 0; p < 2; p++, is++, y += 16) {
+                        const float dl = d * (float)(sc[is] & 0xF), ml = dmin * (float)(sc[is] >> 4);
+                        for (int l = 0; l < 16; l++)
+                            y[l] = dl * (float)((q[16 * p + l] >> 2 * j) & 3) - ml;
+                    }
+        }
+        break;
+    case T_Q3_K:
+        for (int64_t sb = 0; sb < K / 256; sb++, w += 110) {
+            const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f;
+            uint32_t a[4];
+            memcpy(a, w + 96, 12);
+            const uint32_t t = a[2];
+            a[2] = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4);
+            a[3] = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
+            a[0] = (a[0] & m4) | ((t & m2) << 4);
+            a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
+            int8_t sc[16];
+            memcpy(sc, a, 16);
+            const float d = f16(w + 108);
+            const uint8_t *hm = w, *q = w + 32;
+            for (int h = 0, is = 0; h < 2; h++, q += 32)
+                for (int j = 0; j < 4; j++)
+                    for (int p = 0; p < 2; p++, is++, y += 16) {
+                        const float dl = d * (float)(sc[is] - 32);
+                        for (int l = 0; l < 16; l++)
+                            y[l] = dl * (float)(((q[16 * p + l] >> 2 * j) & 3) -
+                                                ((hm[16 * p + l] >> (4 * h + j)) & 1 ? 0 : 4));
+                    }
+        }
+        break;
+    }
+}
+
 /* out (N, K) float32 = the weights of rows [0, N) of W. Returns 0, or -1 (type or K). */
 int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, int nthreads) {
     const int64_t bb = block_bytes(type);
@@ -87,6 +167,7 @@ int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, 
         nthreads = 1;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t n = 0; n < N; n++)
-        dequant_row(type, W + n * row_bytes, K, out + n * K);
+        (type_n(type) || type_f(type) ? dequant_row_n : dequant_row)(type, W + n * row_bytes, K,
+                                                                     out + n * K);
     return 0;
 }

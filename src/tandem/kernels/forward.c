@@ -314,6 +314,14 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
     }
     int64_t kmax = D > QD ? D : QD;
     kmax = kmax > F ? kmax : F;
+    int vbytes = 2; /* the scratch's bytes a value: 4 where a float type takes float32 rows */
+    for (int64_t l = 0; l < md->n_layers; l++) {
+        const tq_linear *ls[7] = {&md->layers[l].wq, &md->layers[l].wk, &md->layers[l].wv,
+                                  &md->layers[l].wo, &md->layers[l].gate, &md->layers[l].up,
+                                  &md->layers[l].down};
+        for (int i = 0; i < 7; i++)
+            vbytes = type_f(ls[i]->type) ? 4 : vbytes;
+    }
     const int nth = nthreads < 1 ? 1 : nthreads;
     /* one scratch per product of a shared call (q, k, v: tq_matmul_team_n) */
     tq_scratch scr[3];
@@ -325,7 +333,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
     float *g = malloc(sizeof(float) * M * F), *u = malloc(sizeof(float) * M * F);
     float *tmp = malloc(sizeof(float) * nth * 2 * kmax); /* tq_pre's: 2 K a thread */
     int rc = 0, ns = 0;
-    while (ns < 3 && (rc = tq_scratch_alloc(&scr[ns], M, kmax)) == 0)
+    while (ns < 3 && (rc = tq_scratch_alloc(&scr[ns], M, kmax, vbytes)) == 0)
         ns++;
     if (!xb || !q || !k || !v || !o || !t || !g || !u || !tmp || rc != 0) {
         free(xb); free(q); free(k); free(v); free(o); free(t); free(g); free(u); free(tmp);

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "blocks.h"
 
@@ -13,8 +14,8 @@
 
 int64_t tq_block_bytes(int type) { return block_bytes(type); }
 
-int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K) {
-    s->xq = aligned_alloc(64, ((M * K * 2 + 63) / 64) * 64); /* int16 or int8 */
+int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K, int vbytes) {
+    s->xq = aligned_alloc(64, ((M * K * vbytes + 63) / 64) * 64); /* int16, int8 or float */
     s->xs = malloc(sizeof(float) * M * (K / 32));
     s->xsum = malloc(sizeof(float) * M * (K / 32));
     s->bs = malloc(sizeof(int16_t) * M * (K / 16));
@@ -69,7 +70,17 @@ static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
             const int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;
             for (int64_t m0 = mb; m0 < me; m0 += MR) {
                 const int mr = me - m0 < MR ? (int)(me - m0) : MR;
-                if (bits == 16) {
+                if (type_f(type)) { /* float32 activations, whatever bits says */
+                    actsf_t A = {(const float *)xq + m0 * K, K};
+                    ROW_DOTSF[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                } else if (type_n(type) && bits == 16) {
+                    acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
+                    ROW_DOTSN[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                } else if (type_n(type)) {
+                    acts8_t A = {(int8_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G,
+                                 bs + m0 * (K / 16), K, G};
+                    ROW_DOTSN8[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                } else if (bits == 16) {
                     acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
                     ROW_DOTS[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
                 } else {
@@ -162,7 +173,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);
             in = pre->tmp;
         }
-        if (type_x(type)) {
+        if (type_f(type)) { /* the float types read the activations as they are */
+            memcpy((float *)s[j]->xq + m * K, in, sizeof(float) * K);
+        } else if (type_x(type)) {
             quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
         } else if (l[j]->bits == 16) { /* split 3: the AVX-512 row-by-row Q4_K/Q5_K kernel's order */
@@ -244,7 +257,7 @@ int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, 
     if (!tq_matmul_check(type, K, bits, ablock) || M <= 0)
         return -1;
     tq_scratch s;
-    if (tq_scratch_alloc(&s, M, K) != 0)
+    if (tq_scratch_alloc(&s, M, K, type_f(type) ? 4 : 2) != 0)
         return -2;
 #pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
     tq_matmul_team(type, W, N, K, x, M, y, bias, bits, ablock, &s, prompt_rows);

@@ -33,7 +33,8 @@ int64_t tq_block_bytes(int type); /* bytes per block of a ggml type id; 0: not t
  * activation block, 0 (the weights' block: 256 for K-quants, else 32) or, for int8 products of
  * the 16-row group types (112, 114), 64 or 128: finer steps for an input with outliers */
 int tq_matmul_check(int type, int64_t K, int bits, int ablock);
-int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K);
+/* vbytes: bytes per activation value, 2 (int16 or int8) or 4 (the float types' float32) */
+int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K, int vbytes);
 void tq_scratch_free(tq_scratch *s);
 /* prompt_rows: products of at least this many rows (K-quant weights) take
  * the prompt kernel (gemm.c), fewer the row-by-row kernels; both give the same bits */

@@ -1,0 +1,248 @@
+/* The row-by-row kernels of the types that have neither a repacked layout nor a prompt kernel
+ * of their own, at every row count (decode, verification and prompt chunks alike):
+ *
+ *   Q2_K, Q3_K, IQ4_XS (256 weights a block) and IQ4_NL (32), with int16 or int8 activations:
+ *   each block is taken apart into int16 values (the quant times its integer sub-scale), 16
+ *   weights a vector in the weights' order, and each vector meets the activations on
+ *   _mm256_madd_epi16 (int8 activations widened). A lane's integer sum over a block is exact and
+ *   fits int32 (IQ4_XS, the largest: 32 products of |127 * 32| x 16383 < 2^31); the float step
+ *   (FLUSH: once per block) and the final lane sum are blocks.h's, so every row has the same
+ *   bits at every row count and thread count;
+ *
+ *   F16 and BF16, with float32 activations: the weights widened to float32 (exact) and summed
+ *   by fma in two sets of eight lanes (even and odd groups of 8 weights), added, then hsum8.
+ *   The AVX-512 build holds both sets in one 16-lane register and adds its halves: the same
+ *   operations on every lane, so the same bits as the AVX2 build (which makes one pass for each
+ *   set, so that ten rows' accumulators fit its sixteen registers).
+ *
+ * The integer kernels are AVX2 code in every build (the same instructions, the same bits).
+ *
+ * Block layouts (ggml-common.h), each block's weights in 16-weight vectors i = 8h + 2j + p:
+ *   Q2_K (84 B / 256): scales[16] (low nibble sc, high nibble mn), qs[64], d, dmin
+ *        vector i: bits 2j of qs[32h + 16p + l]; w = d sc[i] q - dmin mn[i]
+ *   Q3_K (110 B / 256): hmask[32], qs[64], scales[12] (16 x 6 bits), d
+ *        vector i: q = bits 2j of qs[32h + 16p + l], minus 4 unless bit 4h + j of hmask[16p + l]
+ *        is set; w = d (sc[i] - 32) q
+ *   IQ4_NL (18 B / 32): d, qs[16]          w[l] = d T[lo(qs[l])], w[l + 16] = d T[hi(qs[l])]
+ *   IQ4_XS (136 B / 256): d, scales_h (u16), scales_l[4], qs[128]: per 32 weights b, ls = 4 bits
+ *        of scales_l | 2 bits of scales_h << 4 and the 16 bytes qs[16b..] as IQ4_NL's;
+ *        w = d (ls - 32) T[q]
+ * with T llama.cpp's kvalues_iq4nl. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "blocks.h"
+
+static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+/* 16 bytes of IQ4 nibbles -> T[low nibbles], T[high nibbles] as int16 */
+static inline __m256i iq4_lo(__m128i tab, __m128i b) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(b, _mm_set1_epi8(0x0F))));
+}
+static inline __m256i iq4_hi(__m128i tab, __m128i b) {
+    return _mm256_cvtepi8_epi16(
+        _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))));
+}
+
+/* Q3_K's sixteen 6-bit scales (12 bytes) as llama.cpp unpacks them, minus 32 */
+static inline void q3k_scales(const uint8_t *s12, int16_t sc[16]) {
+    const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f;
+    uint32_t a[4];
+    memcpy(a, s12, 12);
+    const uint32_t t = a[2];
+    a[2] = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4);
+    a[3] = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
+    a[0] = (a[0] & m4) | ((t & m2) << 4);
+    a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
+    uint8_t b[16];
+    memcpy(b, a, 16);
+    for (int i = 0; i < 16; i++)
+        sc[i] = (int16_t)(b[i] - 32);
+}
+
+/* A 256-weight block of Q2_K, Q3_K or IQ4_XS at w as v[16] (16 int16 each, the weights'
+ * order); *d its scale; Q2_K: mn[i] the mins, *dmin their scale */
+static inline __attribute__((always_inline)) void unpack256(int type, const uint8_t *w,
+                                                            __m256i v[16], int16_t mn[16],
+                                                            float *d, float *dmin) {
+    const __m256i m3 = _mm256_set1_epi16(3), one = _mm256_set1_epi16(1);
+    if (type == T_IQ4_XS) {
+        const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL);
+        uint16_t sh;
+        memcpy(&sh, w + 2, 2);
+        *d = f16(w);
+        for (int b = 0; b < 8; b++) {
+            const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
+            const __m256i s = _mm256_set1_epi16((short)(ls - 32));
+            const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * b));
+            v[2 * b] = _mm256_mullo_epi16(iq4_lo(tab, q), s);
+            v[2 * b + 1] = _mm256_mullo_epi16(iq4_hi(tab, q), s);
+        }
+        return;
+    }
+    const int three = type == T_Q3_K;
+    const uint8_t *qs = w + (three ? 32 : 16);
+    int16_t sc[16];
+    if (three) {
+        q3k_scales(w + 96, sc);
+        *d = f16(w + 108);
+    } else {
+        for (int i = 0; i < 16; i++) {
+            sc[i] = w[i] & 0xF;
+            mn[i] = w[i] >> 4;
+        }
+        *d = f16(w + 80);
+        *dmin = f16(w + 82);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int p = 0; p < 2; p++) {
+            const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * h + 16 * p)));
+            const __m256i H = three ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * p)))
+                                    : _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                const int i = 8 * h + 2 * j + p;
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(B, 2 * j), m3);
+                if (three) /* q - 4, or q where the high bit is set */
+                    q = _mm256_sub_epi16(_mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(
+                                                 _mm256_srli_epi16(H, 4 * h + j), one), 2)),
+                                         _mm256_set1_epi16(4));
+                v[i] = _mm256_mullo_epi16(q, _mm256_set1_epi16(sc[i]));
+            }
+        }
+}
+
+/* int16 activations of row m at offset o (16 values); int8 ones widened */
+#define X16(m, o) _mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o)))
+#define X8(m, o) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(A->q + (m) * A->K + (o))))
+
+/* One weight row of an integer type against up to MR activation rows (acts: acts_t or acts8_t,
+ * XLOAD: X16 or X8): out[m] = dot. */
+#define ROW_DOT_N(name, acts, XLOAD)                                                          \
+    static inline __attribute__((always_inline)) void name(int type, const uint8_t *w,        \
+                                                           const acts *A, int mr, float *out) { \
+        __m256 acc[MR];                                                                       \
+        __m256i isum[MR], imin[MR];                                                           \
+        for (int m = 0; m < MR; m++) {                                                        \
+            acc[m] = _mm256_setzero_ps();                                                     \
+            isum[m] = imin[m] = _mm256_setzero_si256();                                       \
+        }                                                                                     \
+        if (type == T_IQ4_NL) {                                                               \
+            const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL);                      \
+            for (int64_t g = 0; g < A->G; g++, w += 18) {                                     \
+                const __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));                  \
+                const __m256i v0 = iq4_lo(tab, q), v1 = iq4_hi(tab, q);                       \
+                for (int m = 0; m < mr; m++)                                                  \
+                    isum[m] = _mm256_add_epi32(_mm256_madd_epi16(v0, XLOAD(m, 32 * g)),        \
+                                               _mm256_madd_epi16(v1, XLOAD(m, 32 * g + 16))); \
+                FLUSH(f16(w), g);                                                             \
+            }                                                                                 \
+        } else {                                                                              \
+            const int64_t bb = block_bytes(type);                                             \
+            for (int64_t sb = 0; sb < A->K / 256; sb++, w += bb) {                            \
+                __m256i v[16];                                                                \
+                int16_t mn[16];                                                               \
+                float d, dmin = 0.f;                                                          \
+                unpack256(type, w, v, mn, &d, &dmin);                                         \
+                for (int i = 0; i < 16; i++) {                                                \
+                    const __m256i mv = _mm256_set1_epi16(type == T_Q2_K ? mn[i] : 0);         \
+                    for (int m = 0; m < mr; m++) {                                            \
+                        const __m256i x = XLOAD(m, 256 * sb + 16 * i);                        \
+                        isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(v[i], x));      \
+                        if (type == T_Q2_K)                                                   \
+                            imin[m] = _mm256_add_epi32(imin[m], _mm256_madd_epi16(mv, x));    \
+                    }                                                                         \
+                }                                                                             \
+                FLUSH(d, 8 * sb);                                                             \
+                for (int m = 0; type == T_Q2_K && m < mr; m++) { /* - dmin sum(mn x) */       \
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[m]),                      \
+                                             _mm256_set1_ps(-dmin * A->s[m * A->G + 8 * sb]), \
+                                             acc[m]);                                         \
+                    imin[m] = _mm256_setzero_si256();                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        for (int m = 0; m < mr; m++)                                                          \
+            out[m] = hsum8(acc[m]);                                                           \
+    }
+
+ROW_DOT_N(row_dotn16, acts_t, X16)
+ROW_DOT_N(row_dotn8, acts8_t, X8)
+
+/* 8 (16) weights of a float type at w, as float32 */
+static inline __m256 wf8(int type, const uint8_t *w) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)w);
+    return type == T_F16 ? _mm256_cvtph_ps(h)
+                         : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#if TQ_AVX512
+static inline __m512 wf16(int type, const uint8_t *w) {
+#ifdef TQ_SIMDE /* SIMDe 0.7.4 has neither _mm512_cvtph_ps nor _mm512_cvtepu16_epi32 */
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(wf8(type, w))),
+                                               _mm256_castps_pd(wf8(type, w + 16)), 1));
+#endif
+    const __m256i h = _mm256_loadu_si256((const __m256i *)w);
+    return type == T_F16 ? _mm512_cvtph_ps(h)
+                         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+/* One weight row of F16 / BF16 against up to MR float32 activation rows: out[m] = dot */
+static inline __attribute__((always_inline)) void row_dotf(int type, const uint8_t *w,
+                                                           const actsf_t *A, int mr, float *out) {
+    const int64_t K = A->K;
+#if TQ_AVX512
+    __m512 acc[MR];
+    for (int m = 0; m < MR; m++)
+        acc[m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        const __m512 wv = wf16(type, w + 2 * k);
+        for (int m = 0; m < mr; m++)
+            acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(A->x + m * K + k), acc[m]);
+    }
+    for (int m = 0; m < mr; m++) {
+        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m]), 1));
+        out[m] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[m]), hi));
+    }
+#else
+    __m256 a0[MR], a1[MR];
+    for (int m = 0; m < MR; m++)
+        a0[m] = a1[m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) { /* the even groups of 8 */
+        const __m256 wv = wf8(type, w + 2 * k);
+        for (int m = 0; m < mr; m++)
+            a0[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(A->x + m * K + k), a0[m]);
+    }
+    for (int64_t k = 8; k < K; k += 16) { /* the odd ones */
+        const __m256 wv = wf8(type, w + 2 * k);
+        for (int m = 0; m < mr; m++)
+            a1[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(A->x + m * K + k), a1[m]);
+    }
+    for (int m = 0; m < mr; m++)
+        out[m] = hsum8(_mm256_add_ps(a0[m], a1[m]));
+#endif
+}
+
+#define ROWSN_FN(fn, acts, mr)                                                                \
+    static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
+                               const acts *A, float *y, int64_t N, const float *bias) {      \
+        switch (t) {                                                                          \
+        case T_Q2_K: ROW_LOOP(fn, T_Q2_K, mr) break;                                          \
+        case T_Q3_K: ROW_LOOP(fn, T_Q3_K, mr) break;                                          \
+        case T_IQ4_NL: ROW_LOOP(fn, T_IQ4_NL, mr) break;                                      \
+        case T_IQ4_XS: ROW_LOOP(fn, T_IQ4_XS, mr) break;                                      \
+        }                                                                                     \
+    }
+#define ROWSF_FN(fn, acts, mr)                                                                \
+    static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
+                               const acts *A, float *y, int64_t N, const float *bias) {      \
+        switch (t) {                                                                          \
+        case T_F16: ROW_LOOP(fn, T_F16, mr) break;                                            \
+        case T_BF16: ROW_LOOP(fn, T_BF16, mr) break;                                          \
+        }                                                                                     \
+    }
+
+ROW_DOT_TABLE_OF(ROWSN_FN, row_dotn16, acts_t, ROW_DOTSN);
+ROW_DOT_TABLE_OF(ROWSN_FN, row_dotn8, acts8_t, ROW_DOTSN8);
+ROW_DOT_TABLE_OF(ROWSF_FN, row_dotf, actsf_t, ROW_DOTSF);
