@@ -37,6 +37,19 @@ KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
                 "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
                 "Q2_K": 10, "Q3_K": 11, "IQ4_NL": 20, "IQ4_XS": 23, "F16": 1, "BF16": 30}
 
+# which kernel reads each KERNEL_TYPES matrix (the memory plan and `tandem check` name it)
+KERNEL_OF = {
+    **dict.fromkeys(("Q4_K", "Q6_K"), "K-quant kernels, int8 in 16-row groups, prompt kernel"),
+    "Q5_K": "K-quant kernels, prompt kernel",
+    **dict.fromkeys(("Q4_0", "Q5_0"), "row kernels, int8 in 16-row groups"),
+    **dict.fromkeys(("Q4_1", "Q5_1", "Q8_0"), "row kernels"),
+    **dict.fromkeys(("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), "row kernels (rowdotn)"),
+    **dict.fromkeys(("F16", "BF16"), "float kernels, tiled prompt kernel"),
+}
+# what a matrix of a type outside KERNEL_TYPES costs in native mode
+NO_KERNEL = ("no native kernel: expanded at load to the compute dtype (several times the "
+             "file's bytes, and a fraction of the speed)")
+
 # block types that map exactly onto PyTorch's int4 kernel (w = scale * q + offset, q in 0..15)
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 

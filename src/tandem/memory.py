@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .choices import CACHE_TYPES, INT4_TYPES, KERNEL_TYPES
+from .choices import CACHE_TYPES, INT4_TYPES, KERNEL_OF, KERNEL_TYPES, NO_KERNEL
 from .errors import TandemError
 from .models.args import ModelArgs
 
@@ -113,6 +113,7 @@ class PlanRow:
     kv_cache: int
     working: int
     kv_types: tuple[str, str] = ("f16", "f16")  # --cache-type-k / -v (the draft's: -ctkd / -ctvd)
+    kernels: str = ""  # each matrix type, its count and the kernel that reads it (native mode)
 
     @property
     def total(self) -> int:
@@ -147,6 +148,8 @@ class MemoryPlan:
             lines.append(f"  {r.role} weights held as {r.held_as}" + (
                 f"; KV cache keys {r.kv_types[0]}, values {r.kv_types[1]}" if r.kv_cache else
                 " (no KV cache)"))
+            if r.kernels:
+                lines.append(f"  {r.role} matrices: {r.kernels}")
         if self.runtime:
             lines.append(f"{'PyTorch runtime':<40} {'':>10} {'':>10} {'':>10} "
                          f"{fmt_bytes(self.runtime):>10}")
@@ -236,19 +239,21 @@ def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
 
 
 def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
-                  prefill_chunk: int, threads: int = 0) -> int:
+                  prefill_chunk: int, threads: int = 0, float_rows: bool = False) -> int:
     """Working buffers when every layer runs in C (kernels/forward.c, native mode): a pass of
     `chunk` rows allocates the normed input (max of dim, q width, ffn_dim), q, k, v, the
     attention output, the residual update, gate and up, all float32, plus the quantized
     activations (int16: half a float per value, and per-32 scale and sum, per-16 integer sum)
-    and the embeddings with their copy; each thread keeps the attention scores of one key/value
+    and the embeddings with their copy (float_rows: F16 / BF16 layers, which take the
+    activations as float32: a float per value instead of half); each thread keeps the attention scores of one key/value
     head's query heads over the whole cache. Nothing is
     expanded and no score matrix is built. Plus the verify logits, rope tables and vocabulary
     as in working_bytes."""
     chunk = min(prefill_chunk, ctx_size)
     qd, kd = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
     kmax = max(args.dim, qd, args.ffn_dim)
-    per_row = kmax * (1 + 0.5 + 3 / 32) + 2 * qd + 2 * kd + 3 * args.dim + 2 * args.ffn_dim
+    per_row = kmax * (1 + (1 if float_rows else 0.5) + 3 / 32) + 2 * qd + 2 * kd + 3 * args.dim \
+        + 2 * args.ffn_dim
     group = args.n_heads // args.n_kv_heads  # query heads per key/value head
     scores = (threads or os.cpu_count() or 1) * group * (ctx_size + max_k + 10)
     return (working_bytes(args, ctx_size, n_parallel, max_k, 0)
@@ -265,6 +270,17 @@ def c_layers(spec: "ModelSpec", mode: str) -> bool:
     layer = [t for name, (t, shape) in spec.tensors.items()
              if name.startswith("blk.") and name.endswith(".weight") and len(shape) == 2]
     return bool(layer) and all(t in KERNEL_TYPES for t in layer)
+
+
+def matrix_kernels(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> str:
+    """Each 2-D tensor type of a GGUF model in native mode, its count and its kernel, e.g.
+    "Q3_K x113 (row kernels (rowdotn)); ..."; a type without one says so."""
+    counts: dict[str, int] = {}
+    for type_name, shape in tensors.values():
+        if len(shape) == 2:
+            counts[type_name] = counts.get(type_name, 0) + 1
+    return "; ".join(f"{t} x{n} ({KERNEL_OF.get(t, NO_KERNEL)})"
+                     for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def largest_layer_weight(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
@@ -315,11 +331,13 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
             f"dense {_dtype_name(el)}",
             weight_bytes(spec.tensors, eff_mode, el),
             kv,
-            c_layer_bytes(spec.args, ctx, slots, max_k, chunk)
+            c_layer_bytes(spec.args, ctx, slots, max_k, chunk,
+                          float_rows=any(t in ("F16", "BF16") for t, _ in spec.tensors.values()))
             if c_layers(spec, eff_mode) else
             working_bytes(spec.args, ctx, slots, max_k, chunk,
                           0 if (eff_mode, el) == ("dense", 4) else largest_layer_weight(spec.tensors)),
             cfg.cache_types(spec.role),
+            matrix_kernels(spec.tensors) if eff_mode == "native" and spec.source == "gguf" else "",
         ))
     if available is None:
         available, source = available_memory()

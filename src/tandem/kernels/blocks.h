@@ -438,6 +438,12 @@ extern TQ_HIDDEN void (*const ROW_DOTSN8[MR + 1])(int, const uint8_t *, int64_t,
 extern TQ_HIDDEN void (*const ROW_DOTSF[MR + 1])(int, const uint8_t *, int64_t, int64_t, int64_t,
                                                  const actsf_t *, float *, int64_t, const float *);
 
+/* rowdotn.c: F16 / BF16 weight rows [n0, n1) against M float32 activation rows (a prompt
+ * chunk), register-tiled: y = dot + bias, the row-by-row kernels' bits */
+TQ_HIDDEN void gemmf_range(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,
+                           const float *x, int64_t M, int64_t K, float *y, int64_t N,
+                           const float *bias);
+
 /* rowdotx.c: weight rows [n0, n1) of a 16-row group tensor (type_x; multiples of 16) against M
  * int8 activation rows (quantize_row8 per ablock = 64, 128 or 256 values, pairs 0): y = dot +
  * bias, the same bits in every build */

@@ -117,11 +117,11 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         rbs[j] = l[j]->K / block_weights(type) * block_bytes(type);
         if (type_x(type) && M > MR) { /* chunks of GCH rows (16-row groups), as free */
             mode[j] = XPROMPT;
-        } else if (M >= prompt_rows && gemm_type(type)) {
+        } else if (M >= prompt_rows && (gemm_type(type) || type_f(type))) {
             /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
              * a thread slowed by another process (a shared machine) leaves its work to the
              * others instead of holding up the pass at the barrier */
-            mode[j] = GEMM, gemm = 1;
+            mode[j] = GEMM, gemm |= !type_f(type);
         } else if (M <= MR) { /* decode and verification: the guided split (DCH_*) */
             mode[j] = DECODE, left += l[j]->N * rbs[j];
         } else { /* row-by-row prompt chunks (types without the prompt kernel) */
@@ -214,6 +214,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K, K / 32};
             x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias,
                    L->ablock ? (int)L->ablock : (int)block_weights(type));
+        } else if (mode[j] == GEMM && type_f(type)) {
+            const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
+            gemmf_range(type, L->W, rb, r0, r1, (const float *)s[j]->xq, M, K, y[j], N, L->bias);
         } else if (mode[j] == GEMM) {
             const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             gemm_range(buf, type, L->W, rb, r0, r1, (const int16_t *)s[j]->xq, s[j]->xs,

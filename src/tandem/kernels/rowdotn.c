@@ -224,6 +224,98 @@ static inline __attribute__((always_inline)) void row_dotf(int type, const uint8
 #endif
 }
 
+/* ---- F16 / BF16 prompt chunks: register tiles of weight rows x activation rows ----------
+ * Each output's lanes take the same fma sequence as row_dotf's (k ascending, the even and
+ * odd groups of 8 apart), so every row has the one-row product's bits. AVX-512: 4 weight rows
+ * x 6 activation rows, 24 accumulators; AVX2: 2 x 3, each with its even and odd set. */
+#if TQ_AVX512
+#define NRF 4
+#define MRF 6
+#else
+#define NRF 2
+#define MRF 3
+#endif
+
+static inline __attribute__((always_inline)) void tilef(int type, const uint8_t *w, int64_t rb,
+                                                        const float *x, int64_t K,
+                                                        float out[NRF][MRF]) {
+#if TQ_AVX512
+    __m512 acc[NRF][MRF];
+    for (int i = 0; i < NRF; i++)
+        for (int m = 0; m < MRF; m++)
+            acc[i][m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[NRF];
+        for (int i = 0; i < NRF; i++)
+            wv[i] = wf16(type, w + i * rb + 2 * k);
+        for (int m = 0; m < MRF; m++) {
+            const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+            for (int i = 0; i < NRF; i++)
+                acc[i][m] = _mm512_fmadd_ps(wv[i], xv, acc[i][m]);
+        }
+    }
+    for (int i = 0; i < NRF; i++)
+        for (int m = 0; m < MRF; m++) {
+            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][m]), 1));
+            out[i][m] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[i][m]), hi));
+        }
+#else
+    __m256 a0[NRF][MRF], a1[NRF][MRF];
+    for (int i = 0; i < NRF; i++)
+        for (int m = 0; m < MRF; m++)
+            a0[i][m] = a1[i][m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m256 w0[NRF], w1[NRF];
+        for (int i = 0; i < NRF; i++) {
+            w0[i] = wf8(type, w + i * rb + 2 * k);
+            w1[i] = wf8(type, w + i * rb + 2 * k + 16);
+        }
+        for (int m = 0; m < MRF; m++) {
+            const __m256 x0 = _mm256_loadu_ps(x + m * K + k), x1 = _mm256_loadu_ps(x + m * K + k + 8);
+            for (int i = 0; i < NRF; i++) {
+                a0[i][m] = _mm256_fmadd_ps(w0[i], x0, a0[i][m]);
+                a1[i][m] = _mm256_fmadd_ps(w1[i], x1, a1[i][m]);
+            }
+        }
+    }
+    for (int i = 0; i < NRF; i++)
+        for (int m = 0; m < MRF; m++)
+            out[i][m] = hsum8(_mm256_add_ps(a0[i][m], a1[i][m]));
+#endif
+}
+
+/* activation rows per block of gemmf_range: as many as fit ~512 KiB of L2 (a multiple of MRF) */
+static int64_t gemmf_rows(int64_t K) {
+    int64_t r = (512 * 1024) / (4 * K) / MRF * MRF;
+    return r < MRF ? MRF : r > 96 ? 96 : r;
+}
+
+void gemmf_range(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,
+                 const float *x, int64_t M, int64_t K, float *y, int64_t N, const float *bias) {
+    const int64_t mbs = gemmf_rows(K);
+    for (int64_t mb = 0; mb < M; mb += mbs) {
+        const int64_t me = M < mb + mbs ? M : mb + mbs, mfull = mb + (me - mb) / MRF * MRF;
+        int64_t n = n0;
+        for (; n + NRF <= n1; n += NRF) {
+            for (int64_t m = mb; m < mfull; m += MRF) {
+                float out[NRF][MRF];
+                tilef(type, W + n * rb, rb, x + m * K, K, out);
+                for (int i = 0; i < NRF; i++)
+                    for (int j = 0; j < MRF; j++)
+                        y[(m + j) * N + n + i] = out[i][j] + (bias ? bias[n + i] : 0.f);
+            }
+        }
+        /* the edges (rows of either kind short of a tile) row by row: the same bits */
+        const actsf_t A = {x + mfull * K, K}, B = {x + mb * K, K};
+        if (me > mfull)
+            ROW_DOTSF[me - mfull](type, W, rb, n0, n, &A, y + mfull * N, N, bias);
+        for (int64_t m0 = mb; n < n1 && m0 < me; m0 += MR) {
+            const actsf_t C = {B.x + (m0 - mb) * K, K};
+            ROW_DOTSF[me - m0 < MR ? me - m0 : MR](type, W, rb, n, n1, &C, y + m0 * N, N, bias);
+        }
+    }
+}
+
 #define ROWSN_FN(fn, acts, mr)                                                                \
     static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
                                const acts *A, float *y, int64_t N, const float *bias) {      \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from .checks import HF_KEYS, check_args, check_tensors, check_vocabulary, gguf_k
 from .decoder import Block, Transformer
 from .gguf_file import GGUFFile
 from .linear import Dense
+
+log = logging.getLogger("tandem.models")
 
 SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "gemma3")
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer attends to everything, the others slide
@@ -350,6 +353,8 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
     dt = DTYPES[dtype]
     threads, bits = numerics.thread_count, numerics.bits
     prompt_rows = kernels.prompt_rows(numerics.prompt_kernel)
+    if mode == "native":
+        _warn_no_kernel(g, dtype)
 
     def get(name: str) -> Tensor | None:
         raw = g.tensors.get(name)
@@ -381,6 +386,22 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         raise ModelFileError(f"{path}: {e}") from None  # names the file once
     return LoadedModel(path, args, model, tok, "gguf", dt, time.perf_counter() - t0,
                        rank_head=_rank_head(g, args))
+
+
+def _warn_no_kernel(g: GGUFFile, dtype: str) -> None:
+    """Log each matrix type of the file that the native kernels do not read: it is expanded
+    at load, never silently slow."""
+    from ..choices import KERNEL_TYPES
+
+    counts: dict[str, int] = {}
+    for t in g.tensors.values():
+        if len(t.shape) == 2 and t.type_name not in KERNEL_TYPES and t.type_name != "F32":
+            counts[t.type_name] = counts.get(t.type_name, 0) + 1
+    for type_name, n in counts.items():
+        log.warning("%s: %d matrices of type %s have no native kernel: expanded to %s at "
+                    "load (several times the file's bytes; expect a fraction of llama.cpp's "
+                    "speed on this file). Native types: %s", Path(g.path).name, n, type_name,
+                    dtype, ", ".join(KERNEL_TYPES))
 
 
 def _rank_head(g: GGUFFile, args: ModelArgs) -> RankHead | None:
