@@ -248,11 +248,13 @@ def test_positions_outside_the_cache_are_refused(qmodel_path):
         m.model(torch.tensor([[1, 2, 3]]), cache, [0], [14])
 
 
-@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K])
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.IQ4_NL,
+                                   QT.F16, QT.BF16])
 def test_greedy_speculation_equals_target_alone_on_the_c_path(tmp_path, qtype):
     """Q4_K: the target's int8 products on the 16-row groups (rowdotx.c), verification rows
-    against one-token decoding."""
-    shape = tiny.Q4K_SHAPE if qtype == QT.Q4_K else {}
+    against one-token decoding; Q2_K, Q3_K, IQ4_XS, IQ4_NL, F16, BF16: rowdotn.c's kernels
+    (random blocks for the types the gguf package cannot quantize)."""
+    shape = tiny.Q4K_SHAPE if qtype in (QT.Q4_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS) else {}
     target = _load(tiny.write_gguf(tiny.hf_model("qwen2", seed=3, **shape), tmp_path / "t.gguf",
                                    "qwen2", qtype=qtype), "int8")
     draft = _load(tiny.write_gguf(tiny.hf_model("qwen2", seed=9), tmp_path / "d.gguf", "qwen2",
@@ -271,6 +273,10 @@ def test_greedy_speculation_equals_target_alone_on_the_c_path(tmp_path, qtype):
         assert seq.output == want, ids
         drafted += seq.stats.n_drafted
     assert drafted > 0
+    # and it ran on the C layers, over the file's own type
+    assert target.model._native not in (None, False)
+    assert {lin.type_name for lin in target.model.modules() if hasattr(lin, "type_name")} >= {
+        qtype.name}
 
 
 def test_int8_q4k_products_take_the_16_row_groups(tmp_path):

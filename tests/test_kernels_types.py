@@ -136,19 +136,25 @@ def test_linear_and_embedding_read_the_file_blocks_in_place(qtype):
     assert torch.equal(emb[ids][0].double(), _weights(raw)[[5, 0, 63]])
 
 
-@pytest.mark.parametrize("qtype", FLOAT_TYPES)
-def test_float_prompt_tiles_give_the_row_by_row_bits(qtype):
-    """A prompt chunk of a float type takes register tiles over blocks of activation rows (as
-    many as fit the L2 for this K: 18 of the 100 rows here, so several blocks and a partial
-    one) and tiles of weight rows (45 rows: a partial tile); each row still equals its one-row
-    product, and the row-by-row kernels' whole product, on 1 to 3 threads."""
+@pytest.mark.parametrize("qtype", FLOAT_TYPES + [QT.Q3_K, QT.IQ4_XS])
+def test_prompt_kernels_give_the_row_by_row_bits(qtype):
+    """A prompt chunk takes the prompt kernel: F16 / BF16 register tiles over blocks of
+    activation rows (as many as fit the L2 for this K: 18 of the 100 rows here, so several
+    blocks and a partial one), Q3_K / IQ4_XS gemm.c's (weights unpacked once per chunk of
+    2048 values: three here) with int16 and int8 activations; 45 weight rows (a partial tile).
+    Each row still equals its one-row product and the row-by-row kernels' product, on 1 to 3
+    threads."""
     n, k, m = 45, 6144, 100
     raw = _tensor(qtype, n, k, seed=11)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
+    x[:, 9] *= 20
     bias = torch.randn(n, generator=torch.Generator().manual_seed(9))
-    rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias, prompt_rows=1 << 62)
-    for t in (1, 2, 3):
-        assert torch.equal(kernels.matmul(qtype.name, raw.data, n, k, x, bias, threads=t), rowwise)
-    for i in (0, 17, 18, 99):
-        assert torch.equal(kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias)[0],
-                           rowwise[i])
+    for bits in (16, 8) if qtype in INT_TYPES else (16,):
+        rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias, bits=bits,
+                                 prompt_rows=1 << 62)
+        for t in (1, 2, 3):
+            got = kernels.matmul(qtype.name, raw.data, n, k, x, bias, bits=bits, threads=t)
+            assert torch.equal(got, rowwise), (bits, t)
+        for i in (0, 17, 18, 99):
+            one = kernels.matmul(qtype.name, raw.data, n, k, x[i: i + 1], bias, bits=bits)
+            assert torch.equal(one[0], rowwise[i]), (bits, i)

@@ -227,6 +227,7 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
             a = _permute(a, c.num_key_value_heads)
         if qtype is not None and a.ndim == 2:
             a = (quantize_q4_k(a) if qtype == gguf.GGMLQuantizationType.Q4_K
+                 else random_blocks(a, qtype) if qtype.name in RANDOM_BLOCKS
                  else gguf.quants.quantize(a, qtype))
             w.add_tensor(out, a, raw_dtype=qtype)
         else:
@@ -240,6 +241,24 @@ def write_gguf(model, path: Path, arch: str, qtype=None, rank_tokens: list[int] 
 
 def rest_is(name: str, proj: str) -> bool:
     return f"self_attn.{proj}." in name
+
+
+# types the gguf package cannot quantize: (block weights, block bytes, {f16 offset: value}),
+# the scales chosen so that weights come out about as large as the model's (std ~0.02)
+RANDOM_BLOCKS = {"Q2_K": (256, 84, {80: 1e-3, 82: 5e-4}), "Q3_K": (256, 110, {108: 3e-4}),
+                 "IQ4_XS": (256, 136, {0: 2e-5}), "IQ4_NL": (32, 18, {0: 2e-4})}
+
+
+def random_blocks(a: np.ndarray, qtype) -> np.ndarray:
+    """Blocks of random quants and sub-scales in a's shape (the model is random anyway), seeded
+    by a's values: every bit pattern of the type's layout, read by the kernels as it is."""
+    block, nbytes, scales = RANDOM_BLOCKS[qtype.name]
+    rows, k = a.shape
+    rng = np.random.default_rng(abs(int(a.sum() * 1e6)) % 2**32)
+    b = rng.integers(0, 256, size=(rows * k // block, nbytes), dtype=np.uint8)
+    for at, v in scales.items():
+        b[:, at: at + 2] = np.float16(v).reshape(1).view(np.uint8)
+    return b.reshape(rows, -1)
 
 
 def quantize_q4_k(a: np.ndarray) -> np.ndarray:

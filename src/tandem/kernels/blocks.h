@@ -374,6 +374,118 @@ static inline __attribute__((always_inline)) void q6_part(const uint8_t *ql, con
     v[3] = _mm256_mullo_epi16(_mm256_sub_epi16(v3, k32), word_bcast(sch, 6 + part));
 }
 
+/* ---- rowdotn.c's integer types taken apart (also the prompt kernel's, gemm.c) ----------- */
+
+static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+/* 16 bytes of IQ4 nibbles -> T[low nibbles], T[high nibbles] as int16 */
+static inline __m256i iq4_lo(__m128i tab, __m128i b) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(b, _mm_set1_epi8(0x0F))));
+}
+static inline __m256i iq4_hi(__m128i tab, __m128i b) {
+    return _mm256_cvtepi8_epi16(
+        _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))));
+}
+
+/* Q3_K's sixteen 6-bit scales (12 bytes) as llama.cpp unpacks them, minus 32 */
+static inline void q3k_scales(const uint8_t *s12, int16_t sc[16]) {
+    const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f;
+    uint32_t a[4];
+    memcpy(a, s12, 12);
+    const uint32_t t = a[2];
+    a[2] = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4);
+    a[3] = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
+    a[0] = (a[0] & m4) | ((t & m2) << 4);
+    a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
+    uint8_t b[16];
+    memcpy(b, a, 16);
+    for (int i = 0; i < 16; i++)
+        sc[i] = (int16_t)(b[i] - 32);
+}
+
+/* A 256-weight block of Q2_K, Q3_K or IQ4_XS at w as v[16] (16 int16 each, the weights'
+ * order); *d its scale; Q2_K: mn[i] the mins, *dmin their scale */
+static inline __attribute__((always_inline)) void unpack256(int type, const uint8_t *w,
+                                                            __m256i v[16], int16_t mn[16],
+                                                            float *d, float *dmin) {
+    const __m256i m3 = _mm256_set1_epi16(3), one = _mm256_set1_epi16(1);
+    if (type == T_IQ4_XS) {
+        const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL);
+        uint16_t sh;
+        memcpy(&sh, w + 2, 2);
+        *d = f16(w);
+        for (int b = 0; b < 8; b++) {
+            const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
+            const __m256i s = _mm256_set1_epi16((short)(ls - 32));
+            const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * b));
+            v[2 * b] = _mm256_mullo_epi16(iq4_lo(tab, q), s);
+            v[2 * b + 1] = _mm256_mullo_epi16(iq4_hi(tab, q), s);
+        }
+        return;
+    }
+    const int three = type == T_Q3_K;
+    const uint8_t *qs = w + (three ? 32 : 16);
+    int16_t sc[16];
+    if (three) {
+        q3k_scales(w + 96, sc);
+        *d = f16(w + 108);
+    } else {
+        for (int i = 0; i < 16; i++) {
+            sc[i] = w[i] & 0xF;
+            mn[i] = w[i] >> 4;
+        }
+        *d = f16(w + 80);
+        *dmin = f16(w + 82);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int p = 0; p < 2; p++) {
+            const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * h + 16 * p)));
+            const __m256i H = three ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * p)))
+                                    : _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                const int i = 8 * h + 2 * j + p;
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(B, 2 * j), m3);
+                if (three) /* q - 4, or q where the high bit is set */
+                    q = _mm256_sub_epi16(_mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(
+                                                 _mm256_srli_epi16(H, 4 * h + j), one), 2)),
+                                         _mm256_set1_epi16(4));
+                v[i] = _mm256_mullo_epi16(q, _mm256_set1_epi16(sc[i]));
+            }
+        }
+}
+
+/* int16 activations of row m at offset o (16 values); int8 ones widened */
+#define X16(m, o) _mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o)))
+#define X8(m, o) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(A->q + (m) * A->K + (o))))
+
+/* Q2_K: the sum over the 16 sub-blocks of mn[i] times the sum of their 16 activations: from
+ * int16 x in their order (mins16), from the int8 sums bs (quantize_row8's) or from int32
+ * sums: the same integer */
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+static inline int32_t mins16(const int16_t mn[16], const int16_t *x) {
+    __m256i t = _mm256_setzero_si256();
+    for (int i = 0; i < 16; i++)
+        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_set1_epi16(mn[i]),
+                                                  _mm256_loadu_si256((const __m256i *)(x + 16 * i))));
+    return hsum_i32(t);
+}
+static inline int32_t mins8(const int16_t mn[16], const int16_t *bs) {
+    return hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)mn),
+                                      _mm256_loadu_si256((const __m256i *)bs)));
+}
+static inline int32_t mins32(const int16_t mn[16], const int32_t *s) {
+    const __m128i *m = (const __m128i *)mn;
+    return hsum_i32(_mm256_add_epi32(
+        _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128(m)), _mm256_loadu_si256((const __m256i *)s)),
+        _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128(m + 1)),
+                           _mm256_loadu_si256((const __m256i *)(s + 8)))));
+}
+
 /* ---- the row-by-row kernels: a function per (type, mr) in a table ----------------------- */
 
 /* Weight rows [n0, n1) against mr activation rows: y[m * N + n] = dot + bias[n]. The type and
@@ -452,7 +564,10 @@ TQ_HIDDEN void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_
 
 /* ---- the prompt kernel (gemm.c) --------------------------------------------------------- */
 
-static inline int gemm_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+static inline int gemm_type(int type) {
+    return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_Q2_K || type == T_Q3_K ||
+           type == T_IQ4_XS;
+}
 
 /* The prompt kernel's buffer (NULL when out of memory; free() it), and weight rows [n0, n1)
  * against all M activation rows with it: y = dot + bias, bit for bit the row-by-row kernels'
@@ -465,4 +580,6 @@ TQ_HIDDEN void gemm_range(void *buf, int type, const uint8_t *W, int64_t row_byt
                           const int16_t *bs, int64_t M, int64_t K, float *y, int64_t N,
                           const float *bias);
 TQ_HIDDEN void gemm_widen8(int16_t *row, int64_t K);
+/* the same in the values' own order (the prompt kernel's rowdotn.c types) */
+TQ_HIDDEN void gemm_widen8n(int16_t *row, int64_t K);
 #endif

@@ -78,9 +78,6 @@ static void dequant_row(int type, const uint8_t *w, int64_t K, float *y) {
 }
 
 /* rowdotn.c's types, one row, as llama.cpp's dequantize_row_* computes them */
-static const int8_t KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                    1,    13,   25,  38,  53,  69,  89,  113};
-
 static void dequant_row_n(int type, const uint8_t *w, int64_t K, float *y) {
     switch (type) {
     case T_F16:
@@ -97,8 +94,8 @@ static void dequant_row_n(int type, const uint8_t *w, int64_t K, float *y) {
         for (int64_t g = 0; g < K / 32; g++, w += 18, y += 32) {
             const float d = f16(w);
             for (int j = 0; j < 16; j++) {
-                y[j] = d * KV_IQ4NL[w[2 + j] & 0xF];
-                y[j + 16] = d * KV_IQ4NL[w[2 + j] >> 4];
+                y[j] = d * IQ4NL[w[2 + j] & 0xF];
+                y[j + 16] = d * IQ4NL[w[2 + j] >> 4];
             }
         }
         break;
@@ -111,8 +108,8 @@ static void dequant_row_n(int type, const uint8_t *w, int64_t K, float *y) {
                 const float dl = d * (float)(ls - 32);
                 const uint8_t *qs = w + 8 + 16 * b;
                 for (int j = 0; j < 16; j++) {
-                    y[j] = dl * KV_IQ4NL[qs[j] & 0xF];
-                    y[j + 16] = dl * KV_IQ4NL[qs[j] >> 4];
+                    y[j] = dl * IQ4NL[qs[j] & 0xF];
+                    y[j + 16] = dl * IQ4NL[qs[j] >> 4];
                 }
             }
         }

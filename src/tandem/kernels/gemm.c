@@ -15,6 +15,7 @@
  * weights, Q6_K per 128, then the same lane sum) are the same operations in the same order. So
  * rows stay batch-invariant whichever path a call takes. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,9 @@ typedef struct {
     int16_t sc6[KC / 256][NR][16]; /* int8 Q6_K: the 16 scales per super-block (the -32) */
     float acc[NR][GMB][8];
     float off[GMB][NR][8]; /* activation row m, weight row r: off[m][r] */
+    int16_t mn2[KC / 256][NR][16]; /* Q2_K: the 16 mins per super-block */
+    float dmin2[KC / 256][NR];     /* Q2_K: their scale */
+    float offs[GMB][NR];           /* Q2_K: the mins' float sum (rowdotn.c's off) */
 } gemm_buf;
 
 /* vector v of the NR rows side by side (row r: buffer + ROWW r), so that one 512-bit load
@@ -66,6 +70,19 @@ static void unpack_k4(int five, const uint8_t *w, int64_t nsb, int16_t *out, flo
             for (int i = 0; i < 4; i++) /* in the order of the split activations */
                 _mm256_storeu_si256(VEC(out, 16 * sb + 4 * c + i), q[i]);
         }
+    }
+}
+
+/* nsb super-blocks of one Q3_K / IQ4_XS row (unpack256: q times the 16- or 32-weight
+ * sub-scale, in the activations' own order, int16 or int8 alike), d per super-block */
+static void unpack_n(int type, const uint8_t *w, int64_t nsb, int16_t *out, float *d,
+                     int16_t (*mn)[16], float *dmin) {
+    const int64_t bb = block_bytes(type);
+    for (int64_t sb = 0; sb < nsb; sb++, w += bb) {
+        __m256i v[16];
+        unpack256(type, w, v, mn[sb * NR], &d[sb * NR], &dmin[sb * NR]);
+        for (int i = 0; i < 16; i++)
+            _mm256_storeu_si256(VEC(out, 16 * sb + i), v[i]);
     }
 }
 
@@ -119,6 +136,17 @@ void gemm_widen8(int16_t *row, int64_t K) {
         const __m256i a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
         const __m256i b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
         store_pairs(a, b, (__m256i *)(row + 32 * g), (__m256i *)(row + 32 * g + 16));
+    }
+}
+
+void gemm_widen8n(int16_t *row, int64_t K) { /* gemm_widen8 without the reordering */
+    const int8_t *src = (const int8_t *)row + K;
+    for (int64_t g = 0; g < K / 32; g++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(src + 32 * g));
+        const __m256i a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+        const __m256i b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+        _mm256_storeu_si256((__m256i *)(row + 32 * g), a);
+        _mm256_storeu_si256((__m256i *)(row + 32 * g + 16), b);
     }
 }
 
@@ -430,25 +458,44 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
     /* bs: NULL for int16 activations; int8 (widened, gemm_widen8): quantize_row8's bs */
     const int64_t G = K / 32, bb = block_bytes(type);
     const int q6 = type == T_Q6_K, fw = q6 && !bs ? 128 : 256;
+    const int mins = type == T_Q4_K || type == T_Q5_K, tn = type_n(type);
     /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
      * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
      * 1536x8960 ran slower than with 64 rows read from L3 (one thread) */
     int64_t mbs = 2097152 / (2 * K);
     mbs = mbs < 2 ? 2 : (mbs > GMB ? GMB : mbs & ~(int64_t)1);
+    /* Q2_K: each activation row's sums of 16 values (exact), once per block of rows */
+    const int sums = type == T_Q2_K && !bs; /* (int8 activations come with quantize_row8's) */
+    int32_t *s16 = sums ? malloc(sizeof(int32_t) * mbs * (K / 16)) : NULL;
+    int32_t spare[sums && !s16 ? 2 * (K / 16) : 1]; /* out of memory: 2 rows a block */
+    const int own = s16 != NULL;
+    if (sums && !own)
+        s16 = spare, mbs = 2;
     for (int64_t mb = 0; mb < M; mb += mbs) {
         const int64_t me = M < mb + mbs ? M : mb + mbs;
+        for (int64_t m = mb; sums && m < me; m++)
+            for (int64_t j = 0; j < K / 16; j++) {
+                int32_t l[8];
+                _mm256_storeu_si256((__m256i *)l, _mm256_madd_epi16(
+                    _mm256_loadu_si256((const __m256i *)(xq + m * K + 16 * j)), _mm256_set1_epi16(1)));
+                s16[(m - mb) * (K / 16) + j] = l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+            }
         for (int64_t n = n0; n < n1; n += NR) {
             const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
             if (!TQ_AVX512) /* the block's rows only; the AVX-512 sums start from zero */
                 for (int r = 0; r < nr; r++)
                     memset(b->acc[r], 0, sizeof b->acc[r][0] * (me - mb));
-            if (q6) /* no offsets; Q4_K / Q5_K's (gemm_mins) start from zero themselves */
+            if (!mins) /* no offsets; Q4_K / Q5_K's (gemm_mins) start from zero themselves */
                 memset(b->off, 0, sizeof b->off[0] * (me - mb));
+            memset(b->offs, 0, sizeof b->offs[0] * (me - mb));
             for (int64_t k0 = 0; k0 < K; k0 += KC) {
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
                 for (int r = 0; r < nr; r++) {
                     const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
-                    if (q6 && bs)
+                    if (tn)
+                        unpack_n(type, w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->mn2[0][r],
+                                 &b->dmin2[0][r]);
+                    else if (q6 && bs)
                         unpack_q6k_8(w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->sc6[0][r]);
                     else if (q6)
                         unpack_q6k(w, kc / 256, b->w + ROWW * r, &b->d[0][r]);
@@ -467,8 +514,18 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                 for (int64_t m = mb; m < me; m += MA)
                     gemm_micro(b, nr, me - m < MA ? (int)(me - m) : MA, fw, xq, xs, K, G, k0, kc,
                                m, m - mb, q6 ? bs : NULL, GEMM_BYTES(type) && bs);
-                if (!q6)
+                if (mins)
                     gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
+                for (int64_t m = mb; type == T_Q2_K && m < me; m++) /* rowdotn.c's off */
+                    for (int64_t sb = 0; sb < kc / 256; sb++) {
+                        const int64_t j = (k0 + 256 * sb) / 16; /* the first 16-value group */
+                        for (int r = 0; r < nr; r++) {
+                            const int32_t im = bs ? mins8(b->mn2[sb][r], bs + m * (K / 16) + j)
+                                                  : mins32(b->mn2[sb][r], s16 + (m - mb) * (K / 16) + j);
+                            b->offs[m - mb][r] = fmaf((float)im, -b->dmin2[sb][r] *
+                                                      xs[m * G + (k0 / 256 + sb) * 8], b->offs[m - mb][r]);
+                        }
+                    }
             }
             /* finish_rows' arithmetic (off = 0), hsum8 with four rows in the lanes: s = lo + hi,
              * then (s0 + s2) + (s1 + s3), the same additions in the same order for each row, and
@@ -486,19 +543,21 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                     _MM_TRANSPOSE4_PS(t[0], t[1], t[2], t[3]); /* t[j]: lane j of rows 0..3 */
                     const __m128 out = _mm_add_ps(_mm_add_ps(_mm_add_ps(t[0], t[2]),
                                                              _mm_add_ps(t[1], t[3])),
-                                                  _mm_setzero_ps());
+                                                  _mm_loadu_ps(b->offs[m - mb]));
                     _mm_storeu_ps(y + m * N + n, _mm_add_ps(out, bias4));
                 }
             } else {
                 for (int64_t m = mb; m < me; m++)
                     for (int r = 0; r < nr; r++) {
                         const float out = hsum8(_mm256_add_ps(_mm256_loadu_ps(b->acc[r][m - mb]),
-                                                              _mm256_loadu_ps(b->off[m - mb][r]))) + 0.f;
+                                                              _mm256_loadu_ps(b->off[m - mb][r]))) + b->offs[m - mb][r];
                         y[m * N + n + r] = out + (bias ? bias[n + r] : 0.f);
                     }
             }
         }
     }
+    if (own)
+        free(s16);
 }
 
 void *gemm_buf_new(void) {

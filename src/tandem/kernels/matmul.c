@@ -187,7 +187,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             int16_t *row = (int16_t *)s[j]->xq + m * K;
             quantize_row8(in, K, qb, (int8_t *)row + K, s[j]->xs + m * G,
                           s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
-            if (!GEMM_BYTES(type))
+            if (type_n(type))
+                gemm_widen8n(row, K);
+            else if (!GEMM_BYTES(type))
                 gemm_widen8(row, K);
         } else {
             quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,

@@ -29,104 +29,57 @@
  *        w = d (ls - 32) T[q]
  * with T llama.cpp's kvalues_iq4nl. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "blocks.h"
 
-static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                 1,    13,   25,  38,  53,  69,  89,  113};
-
-/* 16 bytes of IQ4 nibbles -> T[low nibbles], T[high nibbles] as int16 */
-static inline __m256i iq4_lo(__m128i tab, __m128i b) {
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(b, _mm_set1_epi8(0x0F))));
-}
-static inline __m256i iq4_hi(__m128i tab, __m128i b) {
-    return _mm256_cvtepi8_epi16(
-        _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))));
-}
-
-/* Q3_K's sixteen 6-bit scales (12 bytes) as llama.cpp unpacks them, minus 32 */
-static inline void q3k_scales(const uint8_t *s12, int16_t sc[16]) {
-    const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f;
-    uint32_t a[4];
-    memcpy(a, s12, 12);
-    const uint32_t t = a[2];
-    a[2] = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4);
-    a[3] = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
-    a[0] = (a[0] & m4) | ((t & m2) << 4);
-    a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
-    uint8_t b[16];
-    memcpy(b, a, 16);
-    for (int i = 0; i < 16; i++)
-        sc[i] = (int16_t)(b[i] - 32);
-}
-
-/* A 256-weight block of Q2_K, Q3_K or IQ4_XS at w as v[16] (16 int16 each, the weights'
- * order); *d its scale; Q2_K: mn[i] the mins, *dmin their scale */
-static inline __attribute__((always_inline)) void unpack256(int type, const uint8_t *w,
-                                                            __m256i v[16], int16_t mn[16],
-                                                            float *d, float *dmin) {
-    const __m256i m3 = _mm256_set1_epi16(3), one = _mm256_set1_epi16(1);
-    if (type == T_IQ4_XS) {
-        const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL);
-        uint16_t sh;
-        memcpy(&sh, w + 2, 2);
-        *d = f16(w);
-        for (int b = 0; b < 8; b++) {
-            const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
-            const __m256i s = _mm256_set1_epi16((short)(ls - 32));
-            const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * b));
-            v[2 * b] = _mm256_mullo_epi16(iq4_lo(tab, q), s);
-            v[2 * b + 1] = _mm256_mullo_epi16(iq4_hi(tab, q), s);
-        }
-        return;
-    }
-    const int three = type == T_Q3_K;
-    const uint8_t *qs = w + (three ? 32 : 16);
-    int16_t sc[16];
-    if (three) {
-        q3k_scales(w + 96, sc);
-        *d = f16(w + 108);
-    } else {
-        for (int i = 0; i < 16; i++) {
-            sc[i] = w[i] & 0xF;
-            mn[i] = w[i] >> 4;
-        }
-        *d = f16(w + 80);
-        *dmin = f16(w + 82);
-    }
-    for (int h = 0; h < 2; h++)
-        for (int p = 0; p < 2; p++) {
-            const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * h + 16 * p)));
-            const __m256i H = three ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * p)))
-                                    : _mm256_setzero_si256();
-            for (int j = 0; j < 4; j++) {
-                const int i = 8 * h + 2 * j + p;
-                __m256i q = _mm256_and_si256(_mm256_srli_epi16(B, 2 * j), m3);
-                if (three) /* q - 4, or q where the high bit is set */
-                    q = _mm256_sub_epi16(_mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(
-                                                 _mm256_srli_epi16(H, 4 * h + j), one), 2)),
-                                         _mm256_set1_epi16(4));
-                v[i] = _mm256_mullo_epi16(q, _mm256_set1_epi16(sc[i]));
-            }
-        }
-}
-
-/* int16 activations of row m at offset o (16 values); int8 ones widened */
-#define X16(m, o) _mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o)))
-#define X8(m, o) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(A->q + (m) * A->K + (o))))
+/* isum[m] += the block's v[16] against row m's 256 activations at 256 sb. AVX-512: vectors i
+ * and i + 1 side by side, against 32 activations, by vpdpwssd; the two halves of the sum
+ * folded give the AVX2 lanes' integers exactly. */
+#if TQ_AVX512
+#define X16_5(m, o) _mm512_loadu_si512((const void *)(A->q + (m) * A->K + (o)))
+#define X8_5(m, o) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o))))
+#define DOT256(XLOAD)                                                                         \
+    do {                                                                                      \
+        __m512i v5[8];                                                                        \
+        for (int k = 0; k < 8; k++)                                                           \
+            v5[k] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * k]), v[2 * k + 1], 1);    \
+        for (int m = 0; m < mr; m++) {                                                        \
+            __m512i t = _mm512_setzero_si512();                                               \
+            for (int k = 0; k < 8; k++)                                                       \
+                t = _mm512_dpwssd_epi32(t, v5[k], XLOAD##_5(m, 256 * sb + 32 * k));           \
+            isum[m] = _mm256_add_epi32(isum[m], fold512(t));                                  \
+        }                                                                                     \
+    } while (0)
+#else
+#define DOT256(XLOAD)                                                                         \
+    do {                                                                                      \
+        for (int i = 0; i < 16; i++)                                                          \
+            for (int m = 0; m < mr; m++)                                                      \
+                isum[m] = _mm256_add_epi32(isum[m],                                           \
+                                           _mm256_madd_epi16(v[i], XLOAD(m, 256 * sb + 16 * i))); \
+    } while (0)
+#endif
+/* Q2_K's sum of mins times row m's 16-value activation sums over super-block sb (an exact
+ * integer): int16 activations summed here, int8 ones from quantize_row8's bs */
+#define MINS16(m, sb) mins16(mn, A->q + (m) * A->K + 256 * (sb))
+#define MINS8(m, sb) mins8(mn, A->bs + (m) * (A->K / 16) + 16 * (sb))
 
 /* One weight row of an integer type against up to MR activation rows (acts: acts_t or acts8_t,
- * XLOAD: X16 or X8): out[m] = dot. */
-#define ROW_DOT_N(name, acts, XLOAD)                                                          \
+ * XLOAD: X16 or X8, MINS: MINS16 or MINS8): out[m] = dot. Q2_K's mins are a float sum of their
+ * own, off[m] (one fmaf per super-block), added after the lane sum as finish_rows adds it. */
+#define ROW_DOT_N(name, acts, XLOAD, MINS)                                                    \
     static inline __attribute__((always_inline)) void name(int type, const uint8_t *w,        \
                                                            const acts *A, int mr, float *out) { \
-        __m256 acc[MR];                                                                       \
-        __m256i isum[MR], imin[MR];                                                           \
+        __m256 acc[MR], offv[MR];                                                             \
+        __m256i isum[MR];                                                                     \
+        float off[MR];                                                                        \
         for (int m = 0; m < MR; m++) {                                                        \
-            acc[m] = _mm256_setzero_ps();                                                     \
-            isum[m] = imin[m] = _mm256_setzero_si256();                                       \
+            acc[m] = offv[m] = _mm256_setzero_ps();                                           \
+            isum[m] = _mm256_setzero_si256();                                                 \
+            off[m] = 0.f;                                                                     \
         }                                                                                     \
         if (type == T_IQ4_NL) {                                                               \
             const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL);                      \
@@ -145,30 +98,17 @@ static inline __attribute__((always_inline)) void unpack256(int type, const uint
                 int16_t mn[16];                                                               \
                 float d, dmin = 0.f;                                                          \
                 unpack256(type, w, v, mn, &d, &dmin);                                         \
-                for (int i = 0; i < 16; i++) {                                                \
-                    const __m256i mv = _mm256_set1_epi16(type == T_Q2_K ? mn[i] : 0);         \
-                    for (int m = 0; m < mr; m++) {                                            \
-                        const __m256i x = XLOAD(m, 256 * sb + 16 * i);                        \
-                        isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(v[i], x));      \
-                        if (type == T_Q2_K)                                                   \
-                            imin[m] = _mm256_add_epi32(imin[m], _mm256_madd_epi16(mv, x));    \
-                    }                                                                         \
-                }                                                                             \
+                DOT256(XLOAD);                                                                \
                 FLUSH(d, 8 * sb);                                                             \
-                for (int m = 0; type == T_Q2_K && m < mr; m++) { /* - dmin sum(mn x) */       \
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[m]),                      \
-                                             _mm256_set1_ps(-dmin * A->s[m * A->G + 8 * sb]), \
-                                             acc[m]);                                         \
-                    imin[m] = _mm256_setzero_si256();                                         \
-                }                                                                             \
+                for (int m = 0; type == T_Q2_K && m < mr; m++) /* - dmin sum(mn x) */         \
+                    off[m] = fmaf((float)MINS(m, sb), -dmin * A->s[m * A->G + 8 * sb], off[m]); \
             }                                                                                 \
         }                                                                                     \
-        for (int m = 0; m < mr; m++)                                                          \
-            out[m] = hsum8(acc[m]);                                                           \
+        finish_rows(acc, offv, off, mr, out);                                                 \
     }
 
-ROW_DOT_N(row_dotn16, acts_t, X16)
-ROW_DOT_N(row_dotn8, acts8_t, X8)
+ROW_DOT_N(row_dotn16, acts_t, X16, MINS16)
+ROW_DOT_N(row_dotn8, acts8_t, X8, MINS8)
 
 /* 8 (16) weights of a float type at w, as float32 */
 static inline __m256 wf8(int type, const uint8_t *w) {

@@ -77,6 +77,27 @@ class _TensorInfo:
     offset: int  # from the start of the data section
 
 
+def release_pages(data: np.ndarray) -> bool:
+    """Drop a tensor's whole pages of its file mapping from this process (MADV_DONTNEED): for a
+    tensor the kernels copied into their own layout, whose file pages would otherwise stay
+    resident beside the copy. The mapping is read-only, so a later read faults the same bytes
+    back from the file; pages shared with a neighbouring tensor at either end stay. Only a view
+    of a file mapping is touched (never anonymous memory); returns whether it was one."""
+    base = data
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's view of the mapping
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or base.closed:
+        return False
+    start = data.ctypes.data - np.frombuffer(base, np.uint8, 1, 0).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (start + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        base.madvise(mmap.MADV_DONTNEED, first, last - first)
+    return True
+
+
 class _HeaderReader:
     """A cursor over the file's bytes; every read past the end is a ModelFileError."""
 

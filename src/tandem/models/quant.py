@@ -39,7 +39,7 @@ from gguf import quants as gguf_quants
 
 from .. import choices, kernels
 from ..errors import ModelFileError, TandemError
-from .gguf_file import RawTensor
+from .gguf_file import RawTensor, release_pages
 from .linear import Dense
 
 GROUP_SIZE = 32  # every 4-bit GGUF type scales groups of 32 weights
@@ -265,9 +265,11 @@ class GGUFLinear(torch.nn.Module):
         they have one (kernels.repack: int8 Q4_K / Q6_K / Q4_0 / Q5_0 in 16-row groups, made on first use and
         shared by the PyTorch layers and the C layers), else the GGUF blocks in place."""
         if self.bits not in self._kernel_blocks:
-            self._kernel_blocks[self.bits] = kernels.repack(
-                self.type_name, self.blocks, self.out_features, self.in_features, self.bits
-            ) or (self.type_name, self.blocks)
+            packed = kernels.repack(self.type_name, self.blocks, self.out_features,
+                                    self.in_features, self.bits)
+            if packed is not None:  # the file's copy is no longer read: each weight held once
+                release_pages(self.blocks)
+            self._kernel_blocks[self.bits] = packed or (self.type_name, self.blocks)
         return self._kernel_blocks[self.bits]
 
     def rounding(self, type_name: str | None = None) -> tuple[int, int]:
@@ -336,7 +338,8 @@ class GGUFEmbedding:
 def native_ok(raw: RawTensor) -> bool:
     """The native kernel reads this 2-D tensor's blocks in place."""
     return (len(raw.shape) == 2 and kernels.supports(raw.type_name)
-            and raw.data.ndim == 2 and raw.data.flags.c_contiguous)
+            and raw.data.ndim == 2 and raw.data.flags.c_contiguous
+            and raw.data.dtype.byteorder != ">")  # the kernels read little-endian halves
 
 
 def _dense_linear(raw: RawTensor, dtype: torch.dtype, bias: torch.Tensor | None) -> Dense:
