@@ -14,6 +14,9 @@ counted. One type at a time: both servers started, measured, stopped.
         --quant-dir /work/quants --llama-bin /work/suite/lbuild/bin \
         --rounds 5 --n-predict 64 --out /tmp/gguf-types
 
+Then (--greedy-check, on by default) Tandem's greedy chat answers to three short prompts with
+speculation (`tandem generate -md default-draft`, `auto`) against the target alone: equal?
+
 Per type: median (min-max) decode and prompt tok/s of each server (their own `timings`), the
 ratios Tandem / llama.cpp of the medians, Tandem's VmRSS and VmHWM after the warm-up (of the
 python process that holds the model), the file's size, whether Tandem's VmHWM stays within the
@@ -130,10 +133,37 @@ def measure(path: Path, a: argparse.Namespace, log: Path) -> dict:
             "same_first_text": first["tandem"]["content"] == first["llama"]["content"]}
 
 
+GREEDY_PROMPTS = [  # short chat requests for the greedy check (speculation on and off)
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Rename the variable `tmp` to `total` everywhere in this code:\n"
+    "def f(xs):\n    tmp = 0\n    for x in xs:\n        tmp += x\n    return tmp\n",
+    "List the HTTP methods and what each is for, one line each.",
+]
+
+
+def greedy_check(path: Path, a: argparse.Namespace) -> dict:
+    """Tandem's greedy text on path with speculation (`auto` with the default draft model)
+    against the target alone, per prompt of GREEDY_PROMPTS: equal, and how much was drafted."""
+    out = {}
+    for i, prompt in enumerate(GREEDY_PROMPTS):
+        texts = {}
+        for name, flags in (("alone", ["--spec-type", "none"]), ("spec", ["-md", "default-draft"])):
+            cmd = [sys.executable, "-m", "tandem.cli", "generate", "-m", str(path), "-t",
+                   str(a.threads), "-n", str(a.n_predict), "--temp", "0", "--chat", "--json",
+                   "-p", prompt, *flags]
+            res = json.loads(subprocess.run(cmd, capture_output=True, text=True,
+                                            check=True).stdout)
+            texts[name] = res
+        out[f"prompt {i}"] = {"equal": texts["alone"]["content"] == texts["spec"]["content"],
+                              "tokens": texts["alone"]["timings"]["predicted_n"],
+                              "drafted": texts["spec"]["timings"].get("draft_n")}
+    return out
+
+
 def row(typ: str, res: dict) -> str:
     """The report's table row of one type."""
     if "error" in res:
-        return f"| {typ} | | failed: {res['error']} | | | | | | | | | |"
+        return f"| {typ} | | failed: {res['error']} | | | | | | | | | | |"
     med = {}
     cells = []
     for key, digits in (("predicted_per_second", 2), ("prompt_per_second", 1)):
@@ -144,9 +174,11 @@ def row(typ: str, res: dict) -> str:
         cells.append(f"{med['tandem'] / med['llama']:.2f}" if med["llama"] else "-")
     size, mem = res["file_bytes"], res["memory"]
     met = "yes" if mem["VmHWM"] <= size + BUDGET else "no"
+    greedy = res.get("greedy")
+    same = (f"{sum(g['equal'] for g in greedy.values())}/{len(greedy)}" if greedy else "-")
     return (f"| {typ} | {size / GIB:.2f} | " + " | ".join(cells)
             + f" | {mem['VmRSS'] / GIB:.2f} | {mem['VmHWM'] / GIB:.2f} | {met} | "
-            + ("yes" if res["same_first_text"] else "no") + " |")
+            + ("yes" if res["same_first_text"] else "no") + f" | {same} |")
 
 
 def prompt_note(results: dict) -> str:
@@ -167,11 +199,13 @@ def report(a: argparse.Namespace, results: dict, cmd: str) -> str:
              prompt_note(results), "",
              "Speeds: median (min-max) tok/s of the servers' own `timings`; ratios: Tandem / "
              "llama.cpp of the medians. RSS: Tandem's model process after the warm-up; budget: "
-             "VmHWM within file + 600 MiB. Same text: the warm-up outputs equal "
-             "(informational).", "",
+             "VmHWM within file + 600 MiB. Same text: the warm-up outputs of the two engines "
+             "equal (informational: they round differently). Greedy: Tandem's chat answers "
+             "with speculation (the default draft model, `auto`) equal to the target alone's, "
+             "per prompt (`--greedy-check`).", "",
              "| type | file GiB | Tandem decode | llama decode | decode ratio | Tandem prompt | "
              "llama prompt | prompt ratio | Tandem RSS GiB | VmHWM GiB | file+600MiB met | "
-             "same text |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "same text | greedy |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [row(typ, res) for typ, res in results.items()]
     return "\n".join(lines) + "\n"
 
@@ -186,6 +220,8 @@ def main() -> int:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--greedy-check", action=argparse.BooleanOptionalAction, default=True,
+                    help="also compare Tandem's greedy text with and without speculation")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.src, a.quant_dir = a.src.expanduser(), a.quant_dir.expanduser()
@@ -197,6 +233,9 @@ def main() -> int:
         try:
             path = model_file(typ, a.src, a.quant_dir, a.llama_bin, log)
             results[typ] = measure(path, a, log)
+            if a.greedy_check:
+                results[typ]["greedy"] = greedy_check(path, a)
+                print(f"  greedy: {results[typ]['greedy']}", flush=True)
         except (OSError, RuntimeError, KeyError, ValueError,
                 subprocess.CalledProcessError) as e:  # one type failing leaves the others
             results[typ] = {"error": f"{type(e).__name__}: {e}"}

@@ -191,6 +191,8 @@ def main() -> int:
     ap.add_argument("--chars", type=int, default=9000, help="characters of each text")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-perplexity", metavar="PATH")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated labels of VARIANTS to measure (default: all)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from tandem.config import Numerics
@@ -209,7 +211,7 @@ def main() -> int:
     first = a.ctx // 2
     variants = {label: (load_model(a.model, Numerics(activations=act, threads=a.threads),
                                    max_len=a.ctx + 1), cache)
-                for label, (act, cache) in VARIANTS.items()}
+                for label, (act, cache) in VARIANTS.items() if label in a.variants.split(",")}
     stats = {label: Stats() for label in variants}
     for c in range(n_chunks):
         chunk = ids[c * a.ctx:(c + 1) * a.ctx]

@@ -28,6 +28,10 @@ FLOAT_TYPES = [QT.F16, QT.BF16]
 
 def _tensor(qtype: QT, rows: int, cols: int, seed: int = 0) -> RawTensor:
     rng = np.random.default_rng(seed)
+    if qtype == QT.Q8_0:  # (test_kernels.py covers it; here for the prompt kernel)
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        return RawTensor("blk.0.ffn_up.weight", qtype, (rows, cols),
+                         gguf_quants.quantize(values, qtype))
     if qtype in FLOAT_TYPES:
         values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
         data = gguf_quants.quantize(values, qtype)  # F16: float16 values; BF16: bytes
@@ -136,12 +140,13 @@ def test_linear_and_embedding_read_the_file_blocks_in_place(qtype):
     assert torch.equal(emb[ids][0].double(), _weights(raw)[[5, 0, 63]])
 
 
-@pytest.mark.parametrize("qtype", FLOAT_TYPES + [QT.Q3_K, QT.IQ4_XS])
+@pytest.mark.parametrize("qtype", FLOAT_TYPES + [QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.Q8_0])
 def test_prompt_kernels_give_the_row_by_row_bits(qtype):
     """A prompt chunk takes the prompt kernel: F16 / BF16 register tiles over blocks of
     activation rows (as many as fit the L2 for this K: 18 of the 100 rows here, so several
-    blocks and a partial one), Q3_K / IQ4_XS gemm.c's (weights unpacked once per chunk of
-    2048 values: three here) with int16 and int8 activations; 45 weight rows (a partial tile).
+    blocks and a partial one), Q2_K / Q3_K / IQ4_XS / Q8_0 gemm.c's (weights unpacked once per
+    chunk of 2048 values: three here; Q8_0 a float step per 32, int8 in rowdot8's lanes of
+    four) with int16 and int8 activations; 45 weight rows (a partial tile).
     Each row still equals its one-row product and the row-by-row kernels' product, on 1 to 3
     threads."""
     n, k, m = 45, 6144, 100
@@ -149,7 +154,7 @@ def test_prompt_kernels_give_the_row_by_row_bits(qtype):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
     x[:, 9] *= 20
     bias = torch.randn(n, generator=torch.Generator().manual_seed(9))
-    for bits in (16, 8) if qtype in INT_TYPES else (16,):
+    for bits in (16,) if qtype in FLOAT_TYPES else (16, 8):
         rowwise = kernels.matmul(qtype.name, raw.data, n, k, x, bias, bits=bits,
                                  prompt_rows=1 << 62)
         for t in (1, 2, 3):

@@ -37,6 +37,7 @@
  *        of qh[l] as the fifth bit of weight l of sub-block 2c / 2c+1
  *   Q6_K (210 B / 256): ql[128], qh[64], int8 scales[16], d; per half h (128 weights):
  *        q = (4 bits of ql) | (2 bits of qh) << 4, w = d scales[16-weight group] (q - 32)
+ *   Q2_K, Q3_K, IQ4_NL, IQ4_XS, F16, BF16: rowdotn.c's header.
  */
 #ifndef TQ_BLOCKS_H
 #define TQ_BLOCKS_H
@@ -566,7 +567,7 @@ TQ_HIDDEN void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_
 
 static inline int gemm_type(int type) {
     return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_Q2_K || type == T_Q3_K ||
-           type == T_IQ4_XS;
+           type == T_IQ4_XS || type == T_Q8_0;
 }
 
 /* The prompt kernel's buffer (NULL when out of memory; free() it), and weight rows [n0, n1)

@@ -38,7 +38,7 @@ typedef struct {
      * at w + (v*NR + r)*16, so the micro-kernel reads one stream (AVX-512: vector v of rows
      * 2p and 2p + 1 in one 512-bit load at w + v*NR*16 + 32p) */
     int16_t w[KC * NR];
-    float d[KC / 128][NR];     /* per flush group (256 weights; Q6_K 128): the block scale */
+    float d[KC / 32][NR];      /* per flush group (256 weights; Q6_K 128, Q8_0 32): the scale */
     float mn[KC / 256][NR][8]; /* Q4_K / Q5_K: -dmin times the eight mins, per super-block */
     int16_t sc6[KC / 256][NR][16]; /* int8 Q6_K: the 16 scales per super-block (the -32) */
     float acc[NR][GMB][8];
@@ -147,6 +147,22 @@ void gemm_widen8n(int16_t *row, int64_t K) { /* gemm_widen8 without the reorderi
         const __m256i b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
         _mm256_storeu_si256((__m256i *)(row + 32 * g), a);
         _mm256_storeu_si256((__m256i *)(row + 32 * g + 16), b);
+    }
+}
+
+/* nb blocks of one Q8_0 row: int16 in the activations' order (int16 activations), or in
+ * store_pairs' (int8: gemm_widen8's order, rowdot8's lanes of four); d per block */
+static void unpack_q80(const uint8_t *w, int64_t nb, int16_t *out, float *d, int pairs) {
+    for (int64_t g = 0; g < nb; g++, w += 34) {
+        d[g * NR] = f16(w);
+        const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2)));
+        const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 18)));
+        if (pairs) {
+            store_pairs(a, b, VEC(out, 2 * g), VEC(out, 2 * g + 1));
+        } else {
+            _mm256_storeu_si256(VEC(out, 2 * g), a);
+            _mm256_storeu_si256(VEC(out, 2 * g + 1), b);
+        }
     }
 }
 
@@ -293,7 +309,8 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
             micro_512(w, x, nv, NR / 2, s);
         else
             micro_512(w, x, nv, (nr + 1) / 2, s);
-        const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
+        const int64_t g = (k0 + f * fw) / 32; /* the flush group's activation scale (a
+                                               * 256-value block's is in each of its 32-groups) */
         __m512 dd[NR / 2]; /* [d of row 2p x 8 | d of row 2p + 1 x 8] */
         for (int p = 0; p < NR / 2; p++)
             dd[p] = _mm512_castpd_ps(_mm512_insertf64x4(
@@ -367,7 +384,8 @@ static inline __attribute__((always_inline)) void gemm_micro(gemm_buf *b, int nr
                 }
             }
         }
-        const int64_t g = (k0 + f * fw) / 256 * 8; /* the super-block's activation scale */
+        const int64_t g = (k0 + f * fw) / 32; /* the flush group's activation scale (a
+                                               * 256-value block's is in each of its 32-groups) */
         if (bs)
             for (int i = 0; i < ma; i++)
                 for (int r = 0; r < nr; r++)
@@ -457,7 +475,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                       int64_t M, int64_t K, float *y, int64_t N, const float *bias, gemm_buf *b) {
     /* bs: NULL for int16 activations; int8 (widened, gemm_widen8): quantize_row8's bs */
     const int64_t G = K / 32, bb = block_bytes(type);
-    const int q6 = type == T_Q6_K, fw = q6 && !bs ? 128 : 256;
+    const int q6 = type == T_Q6_K, fw = type == T_Q8_0 ? 32 : q6 && !bs ? 128 : 256;
     const int mins = type == T_Q4_K || type == T_Q5_K, tn = type_n(type);
     /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
      * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
@@ -491,8 +509,10 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
             for (int64_t k0 = 0; k0 < K; k0 += KC) {
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
                 for (int r = 0; r < nr; r++) {
-                    const uint8_t *w = W + (n + r) * row_bytes + k0 / 256 * bb;
-                    if (tn)
+                    const uint8_t *w = W + (n + r) * row_bytes + k0 / block_weights(type) * bb;
+                    if (type == T_Q8_0)
+                        unpack_q80(w, kc / 32, b->w + ROWW * r, &b->d[0][r], bs != NULL);
+                    else if (tn)
                         unpack_n(type, w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->mn2[0][r],
                                  &b->dmin2[0][r]);
                     else if (q6 && bs)

@@ -5,7 +5,8 @@
  *
  * Files: blocks.h (internal: block layouts and weight unpacking), activations.c (activation
  * rounding), rowdot16.c / rowdot8.c (the row-by-row kernels, int16 / int8 activations),
- * rowdotx.c (int8 Q4_K repacked in 16-row groups: every row count), gemm.c (the prompt kernel),
+ * rowdotx.c (int8 Q4_K repacked in 16-row groups: every row count), rowdotn.c (Q2_K, Q3_K,
+ * IQ4_NL, IQ4_XS, F16, BF16 at every row count), gemm.c (the prompt kernel),
  * matmul.c (the OpenMP driver), dequant.c, forward.c (decoder layers). */
 #ifndef TQ_H
 #define TQ_H
