@@ -160,3 +160,15 @@ void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float
     }
 }
 
+/* An int8 activation row at byte K of its 2K bytes, widened in place to K int16 in the
+ * values' own order (the prompt kernel's rowdotn.c types; gemm_widen8 reorders for the others) */
+void gemm_widen8n(int16_t *row, int64_t K) { /* gemm_widen8 without the reordering */
+    const int8_t *src = (const int8_t *)row + K;
+    for (int64_t g = 0; g < K / 32; g++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(src + 32 * g));
+        const __m256i a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+        const __m256i b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+        _mm256_storeu_si256((__m256i *)(row + 32 * g), a);
+        _mm256_storeu_si256((__m256i *)(row + 32 * g + 16), b);
+    }
+}

@@ -139,17 +139,6 @@ void gemm_widen8(int16_t *row, int64_t K) {
     }
 }
 
-void gemm_widen8n(int16_t *row, int64_t K) { /* gemm_widen8 without the reordering */
-    const int8_t *src = (const int8_t *)row + K;
-    for (int64_t g = 0; g < K / 32; g++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(src + 32 * g));
-        const __m256i a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-        const __m256i b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-        _mm256_storeu_si256((__m256i *)(row + 32 * g), a);
-        _mm256_storeu_si256((__m256i *)(row + 32 * g + 16), b);
-    }
-}
-
 /* nb blocks of one Q8_0 row: int16 in the activations' order (int16 activations), or in
  * store_pairs' (int8: gemm_widen8's order, rowdot8's lanes of four); d per block */
 static void unpack_q80(const uint8_t *w, int64_t nb, int16_t *out, float *d, int pairs) {
