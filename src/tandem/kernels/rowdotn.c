@@ -41,11 +41,61 @@
 #if TQ_AVX512
 #define X16_5(m, o) _mm512_loadu_si512((const void *)(A->q + (m) * A->K + (o)))
 #define X8_5(m, o) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o))))
+/* unpack256's vectors 2k and 2k + 1 side by side in v5[k], made 32 weights at a time: the
+ * same int16 values (vector i = 8h + 2j + p: 2k = 8h + 2j takes p = 0 and 2k + 1 p = 1, whose
+ * bytes are adjacent; IQ4_XS: block k's low and high nibbles) */
+static inline __attribute__((always_inline)) void unpack512(int type, const uint8_t *w,
+                                                            __m512i v5[8], int16_t mn[16],
+                                                            float *d, float *dmin) {
+    if (type == T_IQ4_XS) {
+        const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL), m4 = _mm_set1_epi8(0x0F);
+        uint16_t sh;
+        memcpy(&sh, w + 2, 2);
+        *d = f16(w);
+        for (int b = 0; b < 8; b++) {
+            const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
+            const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * b));
+            const __m128i lo = _mm_shuffle_epi8(tab, _mm_and_si128(q, m4));
+            const __m128i hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+            v5[b] = _mm512_mullo_epi16(
+                _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)),
+                _mm512_set1_epi16((short)(ls - 32)));
+        }
+        return;
+    }
+    const int three = type == T_Q3_K;
+    const uint8_t *qs = w + (three ? 32 : 16);
+    int16_t sc[16];
+    if (three) {
+        q3k_scales(w + 96, sc);
+        *d = f16(w + 108);
+    } else {
+        for (int i = 0; i < 16; i++) {
+            sc[i] = w[i] & 0xF;
+            mn[i] = w[i] >> 4;
+        }
+        *d = f16(w + 80);
+        *dmin = f16(w + 82);
+    }
+    const __m512i m3 = _mm512_set1_epi16(3), one = _mm512_set1_epi16(1),
+                  four = _mm512_set1_epi16(4);
+    const __m512i H = three ? widen_u8(_mm256_loadu_si256((const __m256i *)w)) : _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i B = widen_u8(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+        for (int j = 0; j < 4; j++) {
+            __m512i q = _mm512_and_si512(_mm512_srl_epi16(B, _mm_cvtsi32_si128(2 * j)), m3);
+            if (three)
+                q = _mm512_sub_epi16(_mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(
+                        _mm512_srl_epi16(H, _mm_cvtsi32_si128(4 * h + j)), one), 2)), four);
+            const int i = 8 * h + 2 * j;
+            v5[4 * h + j] = _mm512_mullo_epi16(q, _mm512_inserti64x4(
+                _mm512_set1_epi16(sc[i]), _mm256_set1_epi16(sc[i + 1]), 1));
+        }
+    }
+}
+#define UNPACK_SB() __m512i v5[8]; unpack512(type, w, v5, mn, &d, &dmin)
 #define DOT256(XLOAD)                                                                         \
     do {                                                                                      \
-        __m512i v5[8];                                                                        \
-        for (int k = 0; k < 8; k++)                                                           \
-            v5[k] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * k]), v[2 * k + 1], 1);    \
         for (int m = 0; m < mr; m++) {                                                        \
             __m512i t = _mm512_setzero_si512();                                               \
             for (int k = 0; k < 8; k++)                                                       \
@@ -54,6 +104,7 @@
         }                                                                                     \
     } while (0)
 #else
+#define UNPACK_SB() __m256i v[16]; unpack256(type, w, v, mn, &d, &dmin)
 #define DOT256(XLOAD)                                                                         \
     do {                                                                                      \
         for (int i = 0; i < 16; i++)                                                          \
@@ -94,10 +145,9 @@
         } else {                                                                              \
             const int64_t bb = block_bytes(type);                                             \
             for (int64_t sb = 0; sb < A->K / 256; sb++, w += bb) {                            \
-                __m256i v[16];                                                                \
                 int16_t mn[16];                                                               \
                 float d, dmin = 0.f;                                                          \
-                unpack256(type, w, v, mn, &d, &dmin);                                         \
+                UNPACK_SB();                                                                  \
                 DOT256(XLOAD);                                                                \
                 FLUSH(d, 8 * sb);                                                             \
                 for (int m = 0; type == T_Q2_K && m < mr; m++) /* - dmin sum(mn x) */         \
