@@ -405,6 +405,24 @@ static inline void q3k_scales(const uint8_t *s12, int16_t sc[16]) {
         sc[i] = (int16_t)(b[i] - 32);
 }
 
+/* The head of a Q2_K / Q3_K block at w: its 16 sub-scales (Q3_K's minus 32), Q2_K's mins,
+ * the scales d (and dmin); returns the quants */
+static inline const uint8_t *k23_head(int type, const uint8_t *w, int16_t sc[16],
+                                      int16_t mn[16], float *d, float *dmin) {
+    if (type == T_Q3_K) {
+        q3k_scales(w + 96, sc);
+        *d = f16(w + 108);
+        return w + 32;
+    }
+    for (int i = 0; i < 16; i++) {
+        sc[i] = w[i] & 0xF;
+        mn[i] = w[i] >> 4;
+    }
+    *d = f16(w + 80);
+    *dmin = f16(w + 82);
+    return w + 16;
+}
+
 /* A 256-weight block of Q2_K, Q3_K or IQ4_XS at w as v[16] (16 int16 each, the weights'
  * order); *d its scale; Q2_K: mn[i] the mins, *dmin their scale */
 static inline __attribute__((always_inline)) void unpack256(int type, const uint8_t *w,
@@ -426,19 +444,8 @@ static inline __attribute__((always_inline)) void unpack256(int type, const uint
         return;
     }
     const int three = type == T_Q3_K;
-    const uint8_t *qs = w + (three ? 32 : 16);
     int16_t sc[16];
-    if (three) {
-        q3k_scales(w + 96, sc);
-        *d = f16(w + 108);
-    } else {
-        for (int i = 0; i < 16; i++) {
-            sc[i] = w[i] & 0xF;
-            mn[i] = w[i] >> 4;
-        }
-        *d = f16(w + 80);
-        *dmin = f16(w + 82);
-    }
+    const uint8_t *qs = k23_head(type, w, sc, mn, d, dmin);
     for (int h = 0; h < 2; h++)
         for (int p = 0; p < 2; p++) {
             const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * h + 16 * p)));

@@ -129,22 +129,14 @@ static void dequant_row_n(int type, const uint8_t *w, int64_t K, float *y) {
         break;
     case T_Q3_K:
         for (int64_t sb = 0; sb < K / 256; sb++, w += 110) {
-            const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f;
-            uint32_t a[4];
-            memcpy(a, w + 96, 12);
-            const uint32_t t = a[2];
-            a[2] = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4);
-            a[3] = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
-            a[0] = (a[0] & m4) | ((t & m2) << 4);
-            a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
-            int8_t sc[16];
-            memcpy(sc, a, 16);
+            int16_t sc[16]; /* minus 32 */
+            q3k_scales(w + 96, sc);
             const float d = f16(w + 108);
             const uint8_t *hm = w, *q = w + 32;
             for (int h = 0, is = 0; h < 2; h++, q += 32)
                 for (int j = 0; j < 4; j++)
                     for (int p = 0; p < 2; p++, is++, y += 16) {
-                        const float dl = d * (float)(sc[is] - 32);
+                        const float dl = d * (float)sc[is];
                         for (int l = 0; l < 16; l++)
                             y[l] = dl * (float)(((q[16 * p + l] >> 2 * j) & 3) -
                                                 ((hm[16 * p + l] >> (4 * h + j)) & 1 ? 0 : 4));

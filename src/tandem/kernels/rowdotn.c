@@ -64,19 +64,8 @@ static inline __attribute__((always_inline)) void unpack512(int type, const uint
         return;
     }
     const int three = type == T_Q3_K;
-    const uint8_t *qs = w + (three ? 32 : 16);
     int16_t sc[16];
-    if (three) {
-        q3k_scales(w + 96, sc);
-        *d = f16(w + 108);
-    } else {
-        for (int i = 0; i < 16; i++) {
-            sc[i] = w[i] & 0xF;
-            mn[i] = w[i] >> 4;
-        }
-        *d = f16(w + 80);
-        *dmin = f16(w + 82);
-    }
+    const uint8_t *qs = k23_head(type, w, sc, mn, d, dmin);
     const __m512i m3 = _mm512_set1_epi16(3), one = _mm512_set1_epi16(1),
                   four = _mm512_set1_epi16(4);
     const __m512i H = three ? widen_u8(_mm256_loadu_si256((const __m256i *)w)) : _mm512_setzero_si512();
