@@ -42,8 +42,9 @@ KERNEL_OF = {
     **dict.fromkeys(("Q4_K", "Q6_K"), "K-quant kernels, int8 in 16-row groups, prompt kernel"),
     "Q5_K": "K-quant kernels, prompt kernel",
     **dict.fromkeys(("Q4_0", "Q5_0"), "row kernels, int8 in 16-row groups"),
-    **dict.fromkeys(("Q4_1", "Q5_1", "Q8_0"), "row kernels"),
-    **dict.fromkeys(("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), "row kernels (rowdotn)"),
+    **dict.fromkeys(("Q4_1", "Q5_1", "IQ4_NL"), "row kernels"),
+    "Q8_0": "row kernels, prompt kernel",
+    **dict.fromkeys(("Q2_K", "Q3_K", "IQ4_XS"), "row kernels, prompt kernel"),
     **dict.fromkeys(("F16", "BF16"), "float kernels, tiled prompt kernel"),
 }
 # what a matrix of a type outside KERNEL_TYPES costs in native mode
