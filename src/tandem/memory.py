@@ -274,7 +274,7 @@ def c_layers(spec: "ModelSpec", mode: str) -> bool:
 
 def matrix_kernels(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> str:
     """Each 2-D tensor type of a GGUF model in native mode, its count and its kernel, e.g.
-    "Q3_K x113 (row kernels (rowdotn)); ..."; a type without one says so."""
+    "Q3_K x113 (row kernels, prompt kernel); ..."; a type without one says so."""
     counts: dict[str, int] = {}
     for type_name, shape in tensors.values():
         if len(shape) == 2:
