@@ -335,3 +335,28 @@ def test_the_plan_names_each_matrix_type_and_its_kernel():
     dense = _plan([ModelSpec("target", ARGS, odd)], 1000, 1, 4, "dense", prefill_chunk=64,
                   available=10**9).format()
     assert "matrices:" not in dense  # dense mode reads no blocks
+
+
+def test_the_loader_logs_a_type_without_a_native_kernel(tmp_path, monkeypatch, caplog):
+    """A file whose matrices no native kernel reads is named in the log with their count and
+    cost when it loads (here Q8_0, taken out of the kernels' types for the test)."""
+    import logging
+
+    from gguf import GGMLQuantizationType as QT
+
+    from tandem import choices
+    from tandem.models.gguf_file import GGUFFile
+    from tandem.models.loader import _warn_no_kernel
+    from tests import tiny
+
+    path = tiny.write_gguf(tiny.hf_model("qwen2", seed=1), tmp_path / "m.gguf", "qwen2",
+                           qtype=QT.Q8_0)
+    with caplog.at_level(logging.WARNING, logger="tandem.models"):
+        _warn_no_kernel(GGUFFile(path), "float32")
+    assert not caplog.records  # every matrix native: nothing said
+    monkeypatch.setattr(choices, "KERNEL_TYPES",
+                        {k: v for k, v in choices.KERNEL_TYPES.items() if k != "Q8_0"})
+    with caplog.at_level(logging.WARNING, logger="tandem.models"):
+        _warn_no_kernel(GGUFFile(path), "float32")
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "m.gguf" in msg and "of type Q8_0: no native kernel: expanded at load" in msg

@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -275,12 +276,8 @@ def c_layers(spec: "ModelSpec", mode: str) -> bool:
 def matrix_kernels(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> str:
     """Each 2-D tensor type of a GGUF model in native mode, its count and its kernel, e.g.
     "Q3_K x113 (row kernels, prompt kernel); ..."; a type without one says so."""
-    counts: dict[str, int] = {}
-    for type_name, shape in tensors.values():
-        if len(shape) == 2:
-            counts[type_name] = counts.get(type_name, 0) + 1
-    return "; ".join(f"{t} x{n} ({KERNEL_OF.get(t, NO_KERNEL)})"
-                     for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    counts = Counter(type_name for type_name, shape in tensors.values() if len(shape) == 2)
+    return "; ".join(f"{t} x{n} ({KERNEL_OF.get(t, NO_KERNEL)})" for t, n in counts.most_common())
 
 
 def largest_layer_weight(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:

@@ -389,6 +389,13 @@ static inline __m256i iq4_hi(__m128i tab, __m128i b) {
         _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))));
 }
 
+/* IQ4_XS: the 6-bit scale of 32-weight block b of the super-block at w (4 bits of scales_l,
+ * 2 of scales_h), minus 32 */
+static inline int iq4xs_scale(const uint8_t *w, int b) {
+    const int sh = w[2] | (w[3] << 8);
+    return (((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4)) - 32;
+}
+
 /* Q3_K's sixteen 6-bit scales (12 bytes) as llama.cpp unpacks them, minus 32 */
 static inline void q3k_scales(const uint8_t *s12, int16_t sc[16]) {
     const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f;
@@ -431,12 +438,9 @@ static inline __attribute__((always_inline)) void unpack256(int type, const uint
     const __m256i m3 = _mm256_set1_epi16(3), one = _mm256_set1_epi16(1);
     if (type == T_IQ4_XS) {
         const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL);
-        uint16_t sh;
-        memcpy(&sh, w + 2, 2);
         *d = f16(w);
         for (int b = 0; b < 8; b++) {
-            const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
-            const __m256i s = _mm256_set1_epi16((short)(ls - 32));
+            const __m256i s = _mm256_set1_epi16((short)iq4xs_scale(w, b));
             const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * b));
             v[2 * b] = _mm256_mullo_epi16(iq4_lo(tab, q), s);
             v[2 * b + 1] = _mm256_mullo_epi16(iq4_hi(tab, q), s);

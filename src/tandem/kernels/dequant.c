@@ -102,10 +102,8 @@ static void dequant_row_n(int type, const uint8_t *w, int64_t K, float *y) {
     case T_IQ4_XS:
         for (int64_t sb = 0; sb < K / 256; sb++, w += 136) {
             const float d = f16(w);
-            const int sh = w[2] | (w[3] << 8);
             for (int b = 0; b < 8; b++, y += 32) {
-                const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
-                const float dl = d * (float)(ls - 32);
+                const float dl = d * (float)iq4xs_scale(w, b);
                 const uint8_t *qs = w + 8 + 16 * b;
                 for (int j = 0; j < 16; j++) {
                     y[j] = dl * IQ4NL[qs[j] & 0xF];

@@ -458,6 +458,44 @@ static void gemm_mins(gemm_buf *b, int nr, int64_t nsb, const float *xsum, int64
     }
 }
 
+/* One weight row's chunk of kc weights at w into the buffer as row r (int8: in that order) */
+static void unpack_row(gemm_buf *b, int type, const uint8_t *w, int64_t kc, int r, int int8) {
+    int16_t *out = b->w + ROWW * r;
+    if (type == T_Q8_0)
+        unpack_q80(w, kc / 32, out, &b->d[0][r], int8);
+    else if (type_n(type))
+        unpack_n(type, w, kc / 256, out, &b->d[0][r], &b->mn2[0][r], &b->dmin2[0][r]);
+    else if (type == T_Q6_K && int8)
+        unpack_q6k_8(w, kc / 256, out, &b->d[0][r], &b->sc6[0][r]);
+    else if (type == T_Q6_K)
+        unpack_q6k(w, kc / 256, out, &b->d[0][r]);
+#if !TQ_AVX512
+    else if (GEMM_BYTES(type) && int8)
+        unpack_k4_u8(type == T_Q5_K, w, kc / 256, out, &b->d[0][r], &b->mn[0][r]);
+#endif
+    else if (int8)
+        unpack_k4_8(type == T_Q5_K, w, kc / 256, out, &b->d[0][r], &b->mn[0][r]);
+    else
+        unpack_k4(type == T_Q5_K, w, kc / 256, out, &b->d[0][r], &b->mn[0][r]);
+}
+
+/* Q2_K's mins for activation rows [mb, me), as rowdotn.c's off: an fmaf per super-block of
+ * mins x 16-value sums (int8: bs, else the block's s16; exact) by -dmin x activation scale */
+static void gemm_q2k_offs(gemm_buf *b, int nr, int64_t nsb, const float *xs, int64_t G,
+                          int64_t K, int64_t k0, int64_t mb, int64_t me, const int16_t *bs,
+                          const int32_t *s16) {
+    for (int64_t m = mb; m < me; m++)
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const int64_t j = (k0 + 256 * sb) / 16; /* the first 16-value group */
+            for (int r = 0; r < nr; r++) {
+                const int32_t im = bs ? mins8(b->mn2[sb][r], bs + m * (K / 16) + j)
+                                      : mins32(b->mn2[sb][r], s16 + (m - mb) * (K / 16) + j);
+                b->offs[m - mb][r] = fmaf((float)im, -b->dmin2[sb][r] *
+                                          xs[m * G + (k0 / 256 + sb) * 8], b->offs[m - mb][r]);
+            }
+        }
+}
+
 /* Weight rows [n0, n1) against all M activation rows (int16, quantized): y = dot + bias */
 static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0, int64_t n1,
                       const int16_t *xq, const float *xs, const float *xsum, const int16_t *bs,
@@ -465,7 +503,7 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
     /* bs: NULL for int16 activations; int8 (widened, gemm_widen8): quantize_row8's bs */
     const int64_t G = K / 32, bb = block_bytes(type);
     const int q6 = type == T_Q6_K, fw = type == T_Q8_0 ? 32 : q6 && !bs ? 128 : 256;
-    const int mins = type == T_Q4_K || type == T_Q5_K, tn = type_n(type);
+    const int mins = type == T_Q4_K || type == T_Q5_K;
     /* a block of activation rows: at most 64, and at most 2 MiB of them. Half of L2 (512 KiB on
      * Zen 3) left only 14 rows of K = 8960 to share each unpacking of the weights, and Q6_K
      * 1536x8960 ran slower than with 64 rows read from L3 (one thread) */
@@ -481,12 +519,9 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
     for (int64_t mb = 0; mb < M; mb += mbs) {
         const int64_t me = M < mb + mbs ? M : mb + mbs;
         for (int64_t m = mb; sums && m < me; m++)
-            for (int64_t j = 0; j < K / 16; j++) {
-                int32_t l[8];
-                _mm256_storeu_si256((__m256i *)l, _mm256_madd_epi16(
+            for (int64_t j = 0; j < K / 16; j++)
+                s16[(m - mb) * (K / 16) + j] = hsum_i32(_mm256_madd_epi16(
                     _mm256_loadu_si256((const __m256i *)(xq + m * K + 16 * j)), _mm256_set1_epi16(1)));
-                s16[(m - mb) * (K / 16) + j] = l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
-            }
         for (int64_t n = n0; n < n1; n += NR) {
             const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
             if (!TQ_AVX512) /* the block's rows only; the AVX-512 sums start from zero */
@@ -497,44 +532,16 @@ static void gemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
             memset(b->offs, 0, sizeof b->offs[0] * (me - mb));
             for (int64_t k0 = 0; k0 < K; k0 += KC) {
                 const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                for (int r = 0; r < nr; r++) {
-                    const uint8_t *w = W + (n + r) * row_bytes + k0 / block_weights(type) * bb;
-                    if (type == T_Q8_0)
-                        unpack_q80(w, kc / 32, b->w + ROWW * r, &b->d[0][r], bs != NULL);
-                    else if (tn)
-                        unpack_n(type, w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->mn2[0][r],
-                                 &b->dmin2[0][r]);
-                    else if (q6 && bs)
-                        unpack_q6k_8(w, kc / 256, b->w + ROWW * r, &b->d[0][r], &b->sc6[0][r]);
-                    else if (q6)
-                        unpack_q6k(w, kc / 256, b->w + ROWW * r, &b->d[0][r]);
-#if !TQ_AVX512
-                    else if (GEMM_BYTES(type) && bs)
-                        unpack_k4_u8(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
-                                     &b->mn[0][r]);
-#endif
-                    else if (bs)
-                        unpack_k4_8(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
-                                    &b->mn[0][r]);
-                    else
-                        unpack_k4(type == T_Q5_K, w, kc / 256, b->w + ROWW * r, &b->d[0][r],
-                                  &b->mn[0][r]);
-                }
+                for (int r = 0; r < nr; r++)
+                    unpack_row(b, type, W + (n + r) * row_bytes + k0 / block_weights(type) * bb,
+                               kc, r, bs != NULL);
                 for (int64_t m = mb; m < me; m += MA)
                     gemm_micro(b, nr, me - m < MA ? (int)(me - m) : MA, fw, xq, xs, K, G, k0, kc,
                                m, m - mb, q6 ? bs : NULL, GEMM_BYTES(type) && bs);
                 if (mins)
                     gemm_mins(b, nr, kc / 256, xsum, G, k0, mb, me);
-                for (int64_t m = mb; type == T_Q2_K && m < me; m++) /* rowdotn.c's off */
-                    for (int64_t sb = 0; sb < kc / 256; sb++) {
-                        const int64_t j = (k0 + 256 * sb) / 16; /* the first 16-value group */
-                        for (int r = 0; r < nr; r++) {
-                            const int32_t im = bs ? mins8(b->mn2[sb][r], bs + m * (K / 16) + j)
-                                                  : mins32(b->mn2[sb][r], s16 + (m - mb) * (K / 16) + j);
-                            b->offs[m - mb][r] = fmaf((float)im, -b->dmin2[sb][r] *
-                                                      xs[m * G + (k0 / 256 + sb) * 8], b->offs[m - mb][r]);
-                        }
-                    }
+                if (type == T_Q2_K)
+                    gemm_q2k_offs(b, nr, kc / 256, xs, G, K, k0, mb, me, bs, s16);
             }
             /* finish_rows' arithmetic (off = 0), hsum8 with four rows in the lanes: s = lo + hi,
              * then (s0 + s2) + (s1 + s3), the same additions in the same order for each row, and

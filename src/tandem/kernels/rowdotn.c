@@ -1,5 +1,6 @@
-/* The row-by-row kernels of the types that have neither a repacked layout nor a prompt kernel
- * of their own, at every row count (decode, verification and prompt chunks alike):
+/* The row-by-row kernels of Q2_K, Q3_K, IQ4_NL, IQ4_XS, F16 and BF16 (decode, verification,
+ * and the prompt chunks of IQ4_NL; those of Q2_K, Q3_K and IQ4_XS take gemm.c's prompt kernel
+ * with the same bits), and F16 / BF16's own prompt kernel (gemmf_range):
  *
  *   Q2_K, Q3_K, IQ4_XS (256 weights a block) and IQ4_NL (32), with int16 or int8 activations:
  *   each block is taken apart into int16 values (the quant times its integer sub-scale), 16
@@ -15,7 +16,8 @@
  *   operations on every lane, so the same bits as the AVX2 build (which makes one pass for each
  *   set, so that ten rows' accumulators fit its sixteen registers).
  *
- * The integer kernels are AVX2 code in every build (the same instructions, the same bits).
+ * The AVX-512 build takes the 256-weight blocks apart 32 weights at a time and sums with
+ * vpdpwssd; its integer sums fold to the AVX2 lanes' integers exactly (DOT256).
  *
  * Block layouts (ggml-common.h), each block's weights in 16-weight vectors i = 8h + 2j + p:
  *   Q2_K (84 B / 256): scales[16] (low nibble sc, high nibble mn), qs[64], d, dmin
@@ -49,17 +51,14 @@ static inline __attribute__((always_inline)) void unpack512(int type, const uint
                                                             float *d, float *dmin) {
     if (type == T_IQ4_XS) {
         const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL), m4 = _mm_set1_epi8(0x0F);
-        uint16_t sh;
-        memcpy(&sh, w + 2, 2);
         *d = f16(w);
         for (int b = 0; b < 8; b++) {
-            const int ls = ((w[4 + b / 2] >> 4 * (b % 2)) & 0xF) | (((sh >> 2 * b) & 3) << 4);
             const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * b));
             const __m128i lo = _mm_shuffle_epi8(tab, _mm_and_si128(q, m4));
             const __m128i hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
             v5[b] = _mm512_mullo_epi16(
                 _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)),
-                _mm512_set1_epi16((short)(ls - 32)));
+                _mm512_set1_epi16((short)iq4xs_scale(w, b)));
         }
         return;
     }
@@ -160,10 +159,17 @@ static inline __m512 wf16(int type, const uint8_t *w) {
 #ifdef TQ_SIMDE /* SIMDe 0.7.4 has neither _mm512_cvtph_ps nor _mm512_cvtepu16_epi32 */
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(wf8(type, w))),
                                                _mm256_castps_pd(wf8(type, w + 16)), 1));
-#endif
+#else
     const __m256i h = _mm256_loadu_si256((const __m256i *)w);
     return type == T_F16 ? _mm512_cvtph_ps(h)
                          : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#endif
+}
+
+/* A 16-lane float sum as the AVX2 build's two 8-lane sets (lanes 0-7, 8-15) added, then hsum8 */
+static inline float hsum16(__m512 a) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
 }
 #endif
 
@@ -180,10 +186,8 @@ static inline __attribute__((always_inline)) void row_dotf(int type, const uint8
         for (int m = 0; m < mr; m++)
             acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(A->x + m * K + k), acc[m]);
     }
-    for (int m = 0; m < mr; m++) {
-        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m]), 1));
-        out[m] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[m]), hi));
-    }
+    for (int m = 0; m < mr; m++)
+        out[m] = hsum16(acc[m]);
 #else
     __m256 a0[MR], a1[MR];
     for (int m = 0; m < MR; m++)
@@ -234,10 +238,8 @@ static inline __attribute__((always_inline)) void tilef(int type, const uint8_t 
         }
     }
     for (int i = 0; i < NRF; i++)
-        for (int m = 0; m < MRF; m++) {
-            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][m]), 1));
-            out[i][m] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[i][m]), hi));
-        }
+        for (int m = 0; m < MRF; m++)
+            out[i][m] = hsum16(acc[i][m]);
 #else
     __m256 a0[NRF][MRF], a1[NRF][MRF];
     for (int i = 0; i < NRF; i++)

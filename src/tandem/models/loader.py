@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -389,19 +390,17 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
 
 
 def _warn_no_kernel(g: GGUFFile, dtype: str) -> None:
-    """Log each matrix type of the file that the native kernels do not read: it is expanded
-    at load, never silently slow."""
-    from ..choices import KERNEL_TYPES
+    """Log each matrix type of the file that the native kernels do not read, as the memory plan
+    names it (choices.NO_KERNEL): never silently slow."""
+    from ..choices import KERNEL_TYPES, NO_KERNEL
 
-    counts: dict[str, int] = {}
-    for t in g.tensors.values():
-        if len(t.shape) == 2 and t.type_name not in KERNEL_TYPES and t.type_name != "F32":
-            counts[t.type_name] = counts.get(t.type_name, 0) + 1
+    counts = Counter(t.type_name for t in g.tensors.values()
+                     if len(t.shape) == 2 and t.type_name not in KERNEL_TYPES
+                     and t.type_name != "F32")
     for type_name, n in counts.items():
-        log.warning("%s: %d matrices of type %s have no native kernel: expanded to %s at "
-                    "load (several times the file's bytes; expect a fraction of llama.cpp's "
+        log.warning("%s: %d matrices of type %s: %s (here %s; expect a fraction of llama.cpp's "
                     "speed on this file). Native types: %s", Path(g.path).name, n, type_name,
-                    dtype, ", ".join(KERNEL_TYPES))
+                    NO_KERNEL, dtype, ", ".join(KERNEL_TYPES))
 
 
 def _rank_head(g: GGUFFile, args: ModelArgs) -> RankHead | None:
