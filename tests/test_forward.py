@@ -248,13 +248,17 @@ def test_positions_outside_the_cache_are_refused(qmodel_path):
         m.model(torch.tensor([[1, 2, 3]]), cache, [0], [14])
 
 
+IQ_TYPES = [QT.IQ2_XXS]  # rowdoti.c's
+
+
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.IQ4_NL,
-                                   QT.F16, QT.BF16])
+                                   QT.F16, QT.BF16, *IQ_TYPES])
 def test_greedy_speculation_equals_target_alone_on_the_c_path(tmp_path, qtype):
     """Q4_K: the target's int8 products on the 16-row groups (rowdotx.c), verification rows
-    against one-token decoding; Q2_K, Q3_K, IQ4_XS, IQ4_NL, F16, BF16: rowdotn.c's kernels
-    (random blocks for the types the gguf package cannot quantize)."""
-    shape = tiny.Q4K_SHAPE if qtype in (QT.Q4_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS) else {}
+    against one-token decoding; Q2_K, Q3_K, IQ4_XS, IQ4_NL, F16, BF16: rowdotn.c's kernels;
+    the i-quants and ternary types: rowdoti.c's (random blocks for the types the gguf package
+    cannot quantize)."""
+    shape = tiny.Q4K_SHAPE if qtype in (QT.Q4_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS, *IQ_TYPES) else {}
     target = _load(tiny.write_gguf(tiny.hf_model("qwen2", seed=3, **shape), tmp_path / "t.gguf",
                                    "qwen2", qtype=qtype), "int8")
     draft = _load(tiny.write_gguf(tiny.hf_model("qwen2", seed=9), tmp_path / "d.gguf", "qwen2",

@@ -144,7 +144,7 @@ def test_working_buffer_arithmetic():
     # expanded for a prefill chunk (int4 mode, or native with a layer weight the kernels
     # cannot read)
     assert largest_layer_weight(TENSORS) == 160 * 64
-    odd = dict(TENSORS, **{"blk.0.attn_v.weight": ("IQ2_XXS", (32, 64))})
+    odd = dict(TENSORS, **{"blk.0.attn_v.weight": ("MXFP4", (32, 64))})
     p = _plan([ModelSpec("target", ARGS, odd)], 1000, 2, 4, "native", prefill_chunk=64,
              available=10**9)
     assert p.rows[0].working == expected + 4 * 160 * 64
@@ -326,12 +326,12 @@ def test_the_plan_counts_an_image_encoder(tmp_path):
 def test_the_plan_names_each_matrix_type_and_its_kernel():
     """`tandem check` and the server's log say which kernel reads each matrix type, and a type
     without one is named with what it costs (never silently slow)."""
-    odd = dict(TENSORS, **{"blk.0.attn_v.weight": ("IQ2_XXS", (32, 64)),
+    odd = dict(TENSORS, **{"blk.0.attn_v.weight": ("MXFP4", (32, 64)),
                            "blk.0.attn_k.weight": ("Q3_K", (32, 256))})
     text = _plan([ModelSpec("target", ARGS, odd)], 1000, 1, 4, "native", prefill_chunk=64,
                  available=10**9).format()
     assert "Q3_K x1 (row kernels, prompt kernel)" in text
-    assert "IQ2_XXS x1 (no native kernel: expanded at load" in text
+    assert "MXFP4 x1 (no native kernel: expanded at load" in text
     dense = _plan([ModelSpec("target", ARGS, odd)], 1000, 1, 4, "dense", prefill_chunk=64,
                   available=10**9).format()
     assert "matrices:" not in dense  # dense mode reads no blocks

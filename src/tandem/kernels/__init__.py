@@ -3,7 +3,8 @@ built on first use.
 
 The C files (tq.h says which does what) are compiled together once per machine with the system's
 C compiler (gcc or cc, `-O3 -mavx2 -mfma -mf16c -fopenmp`) into $TANDEM_HOME/kernels/ under a
-name that hashes the sources, the headers, the flags and the compiler's version, then loaded
+name that hashes the sources, the headers (with iq_grids.h, the i-quants' tables, written from
+the gguf package's by grids.py), the flags and the compiler's version, then loaded
 with ctypes. It links libgomp.so.1, the OpenMP runtime that PyTorch's CPU wheel already loaded,
 so both share one thread pool. At load the ctypes mirror of forward.c's structs (_Linear,
 _Layer, _Model) is checked field by field against the C layout (tq_layout), and every type of
@@ -34,13 +35,14 @@ import torch
 
 from ..choices import KERNEL_TYPES
 from ..errors import TandemError
+from . import grids
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "rowdotn.c",
-                              "gemm.c",
+                              "rowdoti.c", "gemm.c",
                               "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
-HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx_avx2.h")]
+HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx_avx2.h", "iquants.h")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # The builds of the same sources: name -> (extra compiler flags, CPU flags it needs). Every
@@ -177,16 +179,19 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     # file: the flags are part of the name)
     flags = [*CFLAGS, *extra, *os.environ.get("TANDEM_KERNEL_CFLAGS", "").split()]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    grids_h = grids.header()  # iq_grids.h: the i-quants' tables, from the gguf package
     key = hashlib.sha256(b"".join(f.name.encode() + b"\0" + f.read_bytes()
                                   for f in SOURCES + HEADERS)
-                         + " ".join(flags).encode() + version.encode())
+                         + grids_h.encode() + " ".join(flags).encode() + version.encode())
     out = _cache_dir() / f"tq-{name}-{key.hexdigest()[:16]}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        r = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"],
-                           capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as inc:
+            Path(inc, "iq_grids.h").write_text(grids_h)
+            r = subprocess.run([cc, *flags, f"-I{inc}", "-o", tmp, *map(str, SOURCES), "-lm"],
+                               capture_output=True, text=True)
         if r.returncode != 0:
             os.unlink(tmp)
             # the errors first: notes and warnings can fill the start of the compiler's output

@@ -37,7 +37,7 @@
  *        of qh[l] as the fifth bit of weight l of sub-block 2c / 2c+1
  *   Q6_K (210 B / 256): ql[128], qh[64], int8 scales[16], d; per half h (128 weights):
  *        q = (4 bits of ql) | (2 bits of qh) << 4, w = d scales[16-weight group] (q - 32)
- *   Q2_K, Q3_K, IQ4_NL, IQ4_XS, F16, BF16: rowdotn.c's header.
+ *   Q2_K, Q3_K, IQ4_NL, IQ4_XS, F16, BF16: rowdotn.c's header; IQ1-3_*, TQ*: rowdoti.c's.
  */
 #ifndef TQ_BLOCKS_H
 #define TQ_BLOCKS_H
@@ -45,6 +45,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "iquants.h"
 #include "tq.h"
 
 /* The AVX-512 variant (built where the CPU has AVX512F/BW/VL and VNNI; kernels/__init__.py):
@@ -157,7 +158,7 @@ static inline int64_t block_bytes(int type) {
     case T_F16: return 64; /* float types: blocks of 32 halves (K % 32 == 0) */
     case T_BF16: return 64;
     }
-    return 0;
+    return iq_block_bytes(type); /* iquants.h's types (rowdoti.c), or 0 */
 }
 
 static inline int64_t block_weights(int type) {
@@ -166,7 +167,7 @@ static inline int64_t block_weights(int type) {
     case T_Q2_K: case T_Q3_K: case T_IQ4_XS:
         return 256;
     }
-    return 32;
+    return type_iq(type) ? 256 : 32;
 }
 
 /* acc[m] + offv[m], summed across lanes, + off[m]: the end of every row's dot product */

@@ -154,7 +154,8 @@ int tq_dequantize(int type, const uint8_t *W, int64_t N, int64_t K, float *out, 
         nthreads = 1;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t n = 0; n < N; n++)
-        (type_n(type) || type_f(type) ? dequant_row_n : dequant_row)(type, W + n * row_bytes, K,
-                                                                     out + n * K);
+        (type_iq(type)                  ? dequant_row_iq /* rowdoti.c */
+         : type_n(type) || type_f(type) ? dequant_row_n
+                                        : dequant_row)(type, W + n * row_bytes, K, out + n * K);
     return 0;
 }

@@ -73,6 +73,10 @@ static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                 if (type_f(type)) { /* float32 activations, whatever bits says */
                     actsf_t A = {(const float *)xq + m0 * K, K};
                     ROW_DOTSF[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);
+                } else if (type_iq(type)) { /* rowdoti.c */
+                    iq_rows(type, bits, mr, W, row_bytes, t0, t1,
+                            (const char *)xq + m0 * K * (bits / 8), xs + m0 * G, K, y + m0 * N,
+                            N, bias);
                 } else if (type_n(type) && bits == 16) {
                     acts_t A = {(int16_t *)xq + m0 * K, xs + m0 * G, xsum + m0 * G, K, G};
                     ROW_DOTSN[mr](type, W, row_bytes, t0, t1, &A, y + m0 * N, N, bias);

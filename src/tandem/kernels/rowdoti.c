@@ -1,0 +1,160 @@
+/* The row-by-row kernels of llama.cpp's i-quants and ternary types (iquants.h: decode,
+ * verification and prompt chunks alike), and their dequantization, on the GGUF blocks in place.
+ *
+ * Each 256-weight block is taken apart (iq_unpack) into 16 vectors of 16 int16 values in the
+ * weights' order and one float d, with weight = d * value exactly: the grid entry (the tables
+ * of iq_grids.h, generated from the gguf package at build time), its sign and its integer
+ * sub-scale multiplied together. Then as rowdotn.c: each vector meets the int16 (or int8,
+ * widened) activations on _mm256_madd_epi16 (AVX-512: vpdpwssd, its two halves folded into the
+ * AVX2 lanes' integers), one float step per block (FLUSH) and blocks.h's lane sum, so every
+ * row has the same bits at every row count, thread count and build.
+ *
+ * The values and the bound on a lane's sum over a block (32 products, int16 activations
+ * |x| <= 16383), which stays below 2^31 for every type:
+ *   IQ2_XXS  w = (d/8) * (2 ls + 1) * grid * sign, |value| <= 31 * 43:  32 * 1333 * 16383 < 2^30
+ *
+ * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
+ * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
+ * float32, as the reference's products do.
+ *
+ * Block layouts (ggml-common.h), per 32 weights b (sub-block):
+ *   IQ2_XXS (66 B): d, qs[64]: bytes 8b..8b+3 grid indices (8 weights each, 256 entries),
+ *        8b+4..8b+7 a word: four 7-bit sign indices (KSIGNS) and ls in its top 4 bits
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "iq_grids.h"
+
+/* v with lane j negated where bit j of bits (16 bits) is set */
+static inline __m256i neg16(__m256i v, uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                          4096, 8192, 16384, (short)32768);
+    const __m256i b = _mm256_set1_epi16((short)bits);
+    const __m256i m = _mm256_cmpeq_epi16(_mm256_and_si256(b, sel), sel); /* -1 where set */
+    return _mm256_sub_epi16(_mm256_xor_si256(v, m), m);
+}
+
+/* two 8-weight grid entries (i0: weights 0-7, i1: 8-15) as 16 int16 */
+static inline __m256i grid8x2(const uint64_t *grid, uint32_t i0, uint32_t i1) {
+    return _mm256_cvtepi8_epi16(_mm_set_epi64x((long long)grid[i1], (long long)grid[i0]));
+}
+
+/* the 16 sign bits of two 7-bit sign indices */
+static inline uint32_t ksigns2(uint32_t s0, uint32_t s1) {
+    return KSIGNS[s0 & 127] | (uint32_t)KSIGNS[s1 & 127] << 8;
+}
+
+/* A 256-weight block at w as v[16] (vector i: weights 16 i .. 16 i + 15) and d: weight = d v */
+static inline __attribute__((always_inline)) void iq_unpack(int type, const uint8_t *w,
+                                                            __m256i v[16], float *d) {
+    switch (type) {
+    case T_IQ2_XXS:
+        *d = f16(w) * 0.125f;
+        for (int b = 0; b < 8; b++) {
+            uint32_t g, s;
+            memcpy(&g, w + 2 + 8 * b, 4);
+            memcpy(&s, w + 6 + 8 * b, 4);
+            const __m256i sc = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
+            for (int h = 0; h < 2; h++) {
+                const __m256i q = grid8x2(IQ2XXS_GRID, (g >> 16 * h) & 255, (g >> (16 * h + 8)) & 255);
+                v[2 * b + h] = _mm256_mullo_epi16(neg16(q, ksigns2(s >> 14 * h, s >> (14 * h + 7))), sc);
+            }
+        }
+        return;
+    }
+    *d = 0.f; /* not one of iquants.h's types: no weights */
+    for (int i = 0; i < 16; i++)
+        v[i] = _mm256_setzero_si256();
+}
+
+void dequant_row_iq(int type, const uint8_t *w, int64_t K, float *y) {
+    const int64_t bb = iq_block_bytes(type);
+    for (int64_t sb = 0; sb < K / 256; sb++, w += bb, y += 256) {
+        __m256i v[16];
+        int16_t q[256];
+        float d;
+        iq_unpack(type, w, v, &d);
+        for (int i = 0; i < 16; i++)
+            _mm256_storeu_si256((__m256i *)(q + 16 * i), v[i]);
+        for (int k = 0; k < 256; k++)
+            y[k] = d * (float)q[k];
+    }
+}
+
+/* isum[m] += the block's v[16] against row m's 256 activations at 256 sb (AVX-512: vectors
+ * 2k and 2k + 1 side by side against 32 activations, by vpdpwssd, folded to the AVX2 sums) */
+#if TQ_AVX512
+#define XI16_5(m, o) _mm512_loadu_si512((const void *)(A->q + (m) * A->K + (o)))
+#define XI8_5(m, o) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o))))
+#define DOTI(XLOAD)                                                                           \
+    do {                                                                                      \
+        __m512i v5[8];                                                                        \
+        for (int k = 0; k < 8; k++)                                                           \
+            v5[k] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * k]), v[2 * k + 1], 1);    \
+        for (int m = 0; m < mr; m++) {                                                        \
+            __m512i t = _mm512_setzero_si512();                                               \
+            for (int k = 0; k < 8; k++)                                                       \
+                t = _mm512_dpwssd_epi32(t, v5[k], XI##XLOAD##_5(m, 256 * sb + 32 * k));        \
+            isum[m] = _mm256_add_epi32(isum[m], fold512(t));                                  \
+        }                                                                                     \
+    } while (0)
+#else
+#define DOTI(XLOAD)                                                                           \
+    do {                                                                                      \
+        for (int i = 0; i < 16; i++)                                                          \
+            for (int m = 0; m < mr; m++)                                                      \
+                isum[m] = _mm256_add_epi32(                                                   \
+                    isum[m], _mm256_madd_epi16(v[i], X##XLOAD(m, 256 * sb + 16 * i)));        \
+    } while (0)
+#endif
+
+/* One weight row against up to MR activation rows (acts_t or acts8_t, XLOAD 16 or 8) */
+#define ROW_DOT_I(name, acts, XLOAD)                                                          \
+    static inline __attribute__((always_inline)) void name(int type, const uint8_t *w,        \
+                                                           const acts *A, int mr, float *out) { \
+        __m256 acc[MR];                                                                       \
+        __m256i isum[MR];                                                                     \
+        for (int m = 0; m < MR; m++) {                                                        \
+            acc[m] = _mm256_setzero_ps();                                                     \
+            isum[m] = _mm256_setzero_si256();                                                 \
+        }                                                                                     \
+        const int64_t bb = iq_block_bytes(type);                                              \
+        for (int64_t sb = 0; sb < A->K / 256; sb++, w += bb) {                                \
+            __m256i v[16];                                                                    \
+            float d;                                                                          \
+            iq_unpack(type, w, v, &d);                                                        \
+            DOTI(XLOAD);                                                                      \
+            FLUSH(d, 8 * sb);                                                                 \
+        }                                                                                     \
+        for (int m = 0; m < mr; m++)                                                          \
+            out[m] = hsum8(acc[m]);                                                           \
+    }
+
+ROW_DOT_I(row_doti16, acts_t, 16)
+ROW_DOT_I(row_doti8, acts8_t, 8)
+
+#define ROWSI_FN(fn, acts, mr)                                                                \
+    static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
+                               const acts *A, float *y, int64_t N, const float *bias) {      \
+        switch (t) {                                                                          \
+        case T_IQ2_XXS: ROW_LOOP(fn, T_IQ2_XXS, mr) break;                                    \
+        }                                                                                     \
+    }
+
+ROW_DOT_TABLE_OF(ROWSI_FN, row_doti16, acts_t, ROW_DOTSI);
+ROW_DOT_TABLE_OF(ROWSI_FN, row_doti8, acts8_t, ROW_DOTSI8);
+
+void iq_rows(int type, int bits, int mr, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,
+             const void *xq, const float *xs, int64_t K, float *y, int64_t N,
+             const float *bias) {
+    if (bits == 16) {
+        const acts_t A = {(const int16_t *)xq, xs, NULL, K, K / 32};
+        ROW_DOTSI[mr](type, W, rb, n0, n1, &A, y, N, bias);
+    } else {
+        const acts8_t A = {(const int8_t *)xq, xs, NULL, NULL, K, K / 32};
+        ROW_DOTSI8[mr](type, W, rb, n0, n1, &A, y, N, bias);
+    }
+}
