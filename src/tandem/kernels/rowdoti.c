@@ -12,6 +12,7 @@
  * The values and the bound on a lane's sum over a block (32 products, int16 activations
  * |x| <= 16383), which stays below 2^31 for every type:
  *   IQ2_XXS  w = (d/8) * (2 ls + 1) * grid * sign, |value| <= 31 * 43:  32 * 1333 * 16383 < 2^30
+ *   IQ3_XXS  w = (d/4) * (2 ls + 1) * grid * sign, |value| <= 31 * 62:  32 * 1922 * 16383 < 2^30
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -20,6 +21,8 @@
  * Block layouts (ggml-common.h), per 32 weights b (sub-block):
  *   IQ2_XXS (66 B): d, qs[64]: bytes 8b..8b+3 grid indices (8 weights each, 256 entries),
  *        8b+4..8b+7 a word: four 7-bit sign indices (KSIGNS) and ls in its top 4 bits
+ *   IQ3_XXS (98 B): d, qs[64]: bytes 8b..8b+7 grid indices (4 weights each, 256 entries),
+ *        then per b a word at 66 + 4b: four 7-bit sign indices (8 weights each) and ls
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -42,6 +45,13 @@ static inline __m256i grid8x2(const uint64_t *grid, uint32_t i0, uint32_t i1) {
     return _mm256_cvtepi8_epi16(_mm_set_epi64x((long long)grid[i1], (long long)grid[i0]));
 }
 
+/* four 4-weight grid entries (weights 0-3, 4-7, ...) as 16 int16 */
+static inline __m256i grid4x4(const uint32_t *grid, uint32_t i0, uint32_t i1, uint32_t i2,
+                              uint32_t i3) {
+    return _mm256_cvtepi8_epi16(_mm_setr_epi32((int)grid[i0], (int)grid[i1], (int)grid[i2],
+                                               (int)grid[i3]));
+}
+
 /* the 16 sign bits of two 7-bit sign indices */
 static inline uint32_t ksigns2(uint32_t s0, uint32_t s1) {
     return KSIGNS[s0 & 127] | (uint32_t)KSIGNS[s1 & 127] << 8;
@@ -60,6 +70,19 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
             const __m256i sc = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
             for (int h = 0; h < 2; h++) {
                 const __m256i q = grid8x2(IQ2XXS_GRID, (g >> 16 * h) & 255, (g >> (16 * h + 8)) & 255);
+                v[2 * b + h] = _mm256_mullo_epi16(neg16(q, ksigns2(s >> 14 * h, s >> (14 * h + 7))), sc);
+            }
+        }
+        return;
+    case T_IQ3_XXS:
+        *d = f16(w) * 0.25f;
+        for (int b = 0; b < 8; b++) {
+            const uint8_t *g = w + 2 + 8 * b;
+            uint32_t s;
+            memcpy(&s, w + 66 + 4 * b, 4);
+            const __m256i sc = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
+            for (int h = 0; h < 2; h++, g += 4) {
+                const __m256i q = grid4x4(IQ3XXS_GRID, g[0], g[1], g[2], g[3]);
                 v[2 * b + h] = _mm256_mullo_epi16(neg16(q, ksigns2(s >> 14 * h, s >> (14 * h + 7))), sc);
             }
         }
@@ -141,6 +164,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
                                const acts *A, float *y, int64_t N, const float *bias) {      \
         switch (t) {                                                                          \
         case T_IQ2_XXS: ROW_LOOP(fn, T_IQ2_XXS, mr) break;                                    \
+        case T_IQ3_XXS: ROW_LOOP(fn, T_IQ3_XXS, mr) break;                                    \
         }                                                                                     \
     }
 
