@@ -21,6 +21,7 @@ static inline int64_t iq_block_bytes(int64_t type) {
     switch (type) {
     case T_IQ2_XXS: return 66;
     case T_IQ3_XXS: return 98;
+    case T_IQ3_S: return 110;
     }
     return 0;
 }

@@ -13,6 +13,7 @@
  * |x| <= 16383), which stays below 2^31 for every type:
  *   IQ2_XXS  w = (d/8) * (2 ls + 1) * grid * sign, |value| <= 31 * 43:  32 * 1333 * 16383 < 2^30
  *   IQ3_XXS  w = (d/4) * (2 ls + 1) * grid * sign, |value| <= 31 * 62:  32 * 1922 * 16383 < 2^30
+ *   IQ3_S    w = d * (2 s + 1) * grid * sign,      |value| <= 31 * 15:  32 * 465 * 16383 < 2^28
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -23,6 +24,9 @@
  *        8b+4..8b+7 a word: four 7-bit sign indices (KSIGNS) and ls in its top 4 bits
  *   IQ3_XXS (98 B): d, qs[64]: bytes 8b..8b+7 grid indices (4 weights each, 256 entries),
  *        then per b a word at 66 + 4b: four 7-bit sign indices (8 weights each) and ls
+ *   IQ3_S (110 B): d, qs[64] at 2, qh[8] at 66, signs[32] at 74, scales[4] at 106: grid index
+ *        k of b (4 weights each, 512 entries) = qs[8b + k] | bit k of qh[b] << 8; bit j of
+ *        signs[4b + l] the sign of weight 8l + j; s = nibble b % 2 of scales[b / 2]
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -87,6 +91,22 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
             }
         }
         return;
+    case T_IQ3_S: {
+        const uint8_t *qs = w + 2, *qh = w + 66, *sg = w + 74, *scales = w + 106;
+        *d = f16(w);
+        for (int b = 0; b < 8; b++) {
+            const __m256i sc = _mm256_set1_epi16((short)(2 * ((scales[b / 2] >> 4 * (b % 2)) & 15) + 1));
+            for (int h = 0; h < 2; h++) {
+                uint32_t i[4];
+                for (int k = 0; k < 4; k++)
+                    i[k] = qs[8 * b + 4 * h + k] | ((qh[b] >> (4 * h + k)) & 1) << 8;
+                const __m256i q = grid4x4(IQ3S_GRID, i[0], i[1], i[2], i[3]);
+                const uint32_t s = sg[4 * b + 2 * h] | (uint32_t)sg[4 * b + 2 * h + 1] << 8;
+                v[2 * b + h] = _mm256_mullo_epi16(neg16(q, s), sc);
+            }
+        }
+        return;
+    }
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
     for (int i = 0; i < 16; i++)
@@ -165,6 +185,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
         switch (t) {                                                                          \
         case T_IQ2_XXS: ROW_LOOP(fn, T_IQ2_XXS, mr) break;                                    \
         case T_IQ3_XXS: ROW_LOOP(fn, T_IQ3_XXS, mr) break;                                    \
+        case T_IQ3_S: ROW_LOOP(fn, T_IQ3_S, mr) break;                                        \
         }                                                                                     \
     }
 
