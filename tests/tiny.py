@@ -248,7 +248,8 @@ def rest_is(name: str, proj: str) -> bool:
 RANDOM_BLOCKS = {"Q2_K": (256, 84, {80: 1e-3, 82: 5e-4}), "Q3_K": (256, 110, {108: 3e-4}),
                  "IQ4_XS": (256, 136, {0: 2e-5}), "IQ4_NL": (32, 18, {0: 2e-4}),
                  "IQ2_XXS": (256, 66, {0: 3e-4}), "IQ3_XXS": (256, 98, {0: 1.2e-4}),
-                 "IQ3_S": (256, 110, {0: 1.2e-4})}
+                 "IQ3_S": (256, 110, {0: 1.2e-4}),
+                 "IQ2_XS": (256, 74, {0: 3e-4})}
 
 
 def random_blocks(a: np.ndarray, qtype) -> np.ndarray:

@@ -14,6 +14,7 @@
  *   IQ2_XXS  w = (d/8) * (2 ls + 1) * grid * sign, |value| <= 31 * 43:  32 * 1333 * 16383 < 2^30
  *   IQ3_XXS  w = (d/4) * (2 ls + 1) * grid * sign, |value| <= 31 * 62:  32 * 1922 * 16383 < 2^30
  *   IQ3_S    w = d * (2 s + 1) * grid * sign,      |value| <= 31 * 15:  32 * 465 * 16383 < 2^28
+ *   IQ2_XS   as IQ2_XXS, a sub-scale per 16 weights
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -27,6 +28,9 @@
  *   IQ3_S (110 B): d, qs[64] at 2, qh[8] at 66, signs[32] at 74, scales[4] at 106: grid index
  *        k of b (4 weights each, 512 entries) = qs[8b + k] | bit k of qh[b] << 8; bit j of
  *        signs[4b + l] the sign of weight 8l + j; s = nibble b % 2 of scales[b / 2]
+ *   IQ2_XS (74 B): d, qs[32] (16 bits: a 9-bit grid index, 8 weights each, and a 7-bit sign
+ *        index), scales[8] at 66: ls of weights 32b..32b+15 the low nibble of scales[b], of
+ *        32b+16..32b+31 the high one
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -107,6 +111,18 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
         }
         return;
     }
+    case T_IQ2_XS:
+        *d = f16(w) * 0.125f;
+        for (int b = 0; b < 8; b++) {
+            uint16_t q[4];
+            memcpy(q, w + 2 + 8 * b, 8);
+            for (int h = 0; h < 2; h++) {
+                const __m256i sc = _mm256_set1_epi16((short)(2 * ((w[66 + b] >> 4 * h) & 15) + 1));
+                const __m256i g = grid8x2(IQ2XS_GRID, q[2 * h] & 511, q[2 * h + 1] & 511);
+                v[2 * b + h] = _mm256_mullo_epi16(neg16(g, ksigns2(q[2 * h] >> 9, q[2 * h + 1] >> 9)), sc);
+            }
+        }
+        return;
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
     for (int i = 0; i < 16; i++)
@@ -186,6 +202,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
         case T_IQ2_XXS: ROW_LOOP(fn, T_IQ2_XXS, mr) break;                                    \
         case T_IQ3_XXS: ROW_LOOP(fn, T_IQ3_XXS, mr) break;                                    \
         case T_IQ3_S: ROW_LOOP(fn, T_IQ3_S, mr) break;                                        \
+        case T_IQ2_XS: ROW_LOOP(fn, T_IQ2_XS, mr) break;                                      \
         }                                                                                     \
     }
 
