@@ -21,14 +21,15 @@ from . import tiny
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"native kernels unavailable: {kernels.unavailable_reason()}")
 
-TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS]
+TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S]
 
 # the bytes (offsets in a block) that hold each type's integer sub-scales, and the bits of
 # theirs to set for the largest ones
 MAX_SUBSCALES = {QT.IQ2_XXS: ([9 + 8 * b for b in range(8)], 0xF0),
                  QT.IQ3_XXS: ([69 + 4 * b for b in range(8)], 0xF0),
                  QT.IQ3_S: ([106, 107, 108, 109], 0xFF),
-                 QT.IQ2_XS: (list(range(66, 74)), 0xFF)}
+                 QT.IQ2_XS: (list(range(66, 74)), 0xFF),
+                 QT.IQ2_S: (list(range(74, 82)), 0xFF)}
 
 
 def _tensor(qtype: QT, rows: int, cols: int, seed: int = 0) -> RawTensor:

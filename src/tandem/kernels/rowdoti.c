@@ -14,7 +14,7 @@
  *   IQ2_XXS  w = (d/8) * (2 ls + 1) * grid * sign, |value| <= 31 * 43:  32 * 1333 * 16383 < 2^30
  *   IQ3_XXS  w = (d/4) * (2 ls + 1) * grid * sign, |value| <= 31 * 62:  32 * 1922 * 16383 < 2^30
  *   IQ3_S    w = d * (2 s + 1) * grid * sign,      |value| <= 31 * 15:  32 * 465 * 16383 < 2^28
- *   IQ2_XS   as IQ2_XXS, a sub-scale per 16 weights
+ *   IQ2_XS, IQ2_S  as IQ2_XXS, a sub-scale per 16 weights
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -31,6 +31,9 @@
  *   IQ2_XS (74 B): d, qs[32] (16 bits: a 9-bit grid index, 8 weights each, and a 7-bit sign
  *        index), scales[8] at 66: ls of weights 32b..32b+15 the low nibble of scales[b], of
  *        32b+16..32b+31 the high one
+ *   IQ2_S (82 B): d, qs[32] at 2, signs[32] at 34, qh[8] at 66, scales[8] at 74: grid index
+ *        l of b (8 weights each, 1024 entries) = qs[4b + l] | (bits 2l, 2l + 1 of qh[b]) << 8,
+ *        bit j of signs[4b + l] the sign of its weight j; ls as IQ2_XS's
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -123,6 +126,19 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
             }
         }
         return;
+    case T_IQ2_S: {
+        const uint8_t *qs = w + 2, *sg = w + 34, *qh = w + 66;
+        *d = f16(w) * 0.125f;
+        for (int b = 0; b < 8; b++)
+            for (int h = 0; h < 2; h++) {
+                const int l = 4 * b + 2 * h;
+                const __m256i sc = _mm256_set1_epi16((short)(2 * ((w[74 + b] >> 4 * h) & 15) + 1));
+                const __m256i g = grid8x2(IQ2S_GRID, qs[l] | ((qh[b] >> 4 * h) & 3) << 8,
+                                          qs[l + 1] | ((qh[b] >> (4 * h + 2)) & 3) << 8);
+                v[2 * b + h] = _mm256_mullo_epi16(neg16(g, sg[l] | (uint32_t)sg[l + 1] << 8), sc);
+            }
+        return;
+    }
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
     for (int i = 0; i < 16; i++)
@@ -203,6 +219,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
         case T_IQ3_XXS: ROW_LOOP(fn, T_IQ3_XXS, mr) break;                                    \
         case T_IQ3_S: ROW_LOOP(fn, T_IQ3_S, mr) break;                                        \
         case T_IQ2_XS: ROW_LOOP(fn, T_IQ2_XS, mr) break;                                      \
+        case T_IQ2_S: ROW_LOOP(fn, T_IQ2_S, mr) break;                                        \
         }                                                                                     \
     }
 
