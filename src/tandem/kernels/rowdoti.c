@@ -15,6 +15,7 @@
  *   IQ3_XXS  w = (d/4) * (2 ls + 1) * grid * sign, |value| <= 31 * 62:  32 * 1922 * 16383 < 2^30
  *   IQ3_S    w = d * (2 s + 1) * grid * sign,      |value| <= 31 * 15:  32 * 465 * 16383 < 2^28
  *   IQ2_XS, IQ2_S  as IQ2_XXS, a sub-scale per 16 weights
+ *   TQ2_0    w = d * (q - 1), q 2 bits:                         32 * 2 * 16383 < 2^21
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -34,6 +35,7 @@
  *   IQ2_S (82 B): d, qs[32] at 2, signs[32] at 34, qh[8] at 66, scales[8] at 74: grid index
  *        l of b (8 weights each, 1024 entries) = qs[4b + l] | (bits 2l, 2l + 1 of qh[b]) << 8,
  *        bit j of signs[4b + l] the sign of its weight j; ls as IQ2_XS's
+ *   TQ2_0 (66 B): qs[64], d at 64: weight 128h + 32l + m in bits 2l of qs[32h + m]
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -139,6 +141,17 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
             }
         return;
     }
+    case T_TQ2_0:
+        *d = f16(w + 64);
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 2; p++) {
+                const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * h + 16 * p)));
+                for (int l = 0; l < 4; l++)
+                    v[8 * h + 2 * l + p] = _mm256_sub_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(B, 2 * l), _mm256_set1_epi16(3)),
+                        _mm256_set1_epi16(1));
+            }
+        return;
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
     for (int i = 0; i < 16; i++)
@@ -220,6 +233,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
         case T_IQ3_S: ROW_LOOP(fn, T_IQ3_S, mr) break;                                        \
         case T_IQ2_XS: ROW_LOOP(fn, T_IQ2_XS, mr) break;                                      \
         case T_IQ2_S: ROW_LOOP(fn, T_IQ2_S, mr) break;                                        \
+        case T_TQ2_0: ROW_LOOP(fn, T_TQ2_0, mr) break;                                        \
         }                                                                                     \
     }
 
