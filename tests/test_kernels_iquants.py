@@ -21,7 +21,7 @@ from . import tiny
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"native kernels unavailable: {kernels.unavailable_reason()}")
 
-TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S, QT.TQ2_0]
+TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S, QT.TQ2_0, QT.TQ1_0]
 
 # the bytes (offsets in a block) that hold each type's integer sub-scales, and the bits of
 # theirs to set for the largest ones

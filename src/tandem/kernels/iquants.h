@@ -25,6 +25,7 @@ static inline int64_t iq_block_bytes(int64_t type) {
     case T_IQ2_XS: return 74;
     case T_IQ2_S: return 82;
     case T_TQ2_0: return 66;
+    case T_TQ1_0: return 54;
     }
     return 0;
 }

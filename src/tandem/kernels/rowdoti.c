@@ -16,6 +16,7 @@
  *   IQ3_S    w = d * (2 s + 1) * grid * sign,      |value| <= 31 * 15:  32 * 465 * 16383 < 2^28
  *   IQ2_XS, IQ2_S  as IQ2_XXS, a sub-scale per 16 weights
  *   TQ2_0    w = d * (q - 1), q 2 bits:                         32 * 2 * 16383 < 2^21
+ *   TQ1_0    w = d * (t - 1), t a base-3 digit:                 32 * 1 * 16383 < 2^20
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -36,6 +37,9 @@
  *        l of b (8 weights each, 1024 entries) = qs[4b + l] | (bits 2l, 2l + 1 of qh[b]) << 8,
  *        bit j of signs[4b + l] the sign of its weight j; ls as IQ2_XS's
  *   TQ2_0 (66 B): qs[64], d at 64: weight 128h + 32l + m in bits 2l of qs[32h + m]
+ *   TQ1_0 (54 B): qs[48], qh[4] at 48, d at 52: five base-3 digits a byte, digit n of byte q
+ *        t = ((q * 3^n mod 256) * 3) >> 8; weight 32n + m in qs[m] (m < 32), 160 + 16n + m in
+ *        qs[32 + m] (m < 16), 240 + 4n + j in qh[j] (n < 4)
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -63,6 +67,13 @@ static inline __m256i grid4x4(const uint32_t *grid, uint32_t i0, uint32_t i1, ui
                               uint32_t i3) {
     return _mm256_cvtepi8_epi16(_mm_setr_epi32((int)grid[i0], (int)grid[i1], (int)grid[i2],
                                                (int)grid[i3]));
+}
+
+/* digit n of 16 bytes (widened) of TQ1_0, pow3 = 3^n: t - 1 */
+static inline __m256i tern16(__m256i b, __m256i pow3) {
+    const __m256i q = _mm256_and_si256(_mm256_mullo_epi16(b, pow3), _mm256_set1_epi16(255));
+    return _mm256_sub_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(q, _mm256_set1_epi16(3)), 8),
+                            _mm256_set1_epi16(1));
 }
 
 /* the 16 sign bits of two 7-bit sign indices */
@@ -152,6 +163,23 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
                         _mm256_set1_epi16(1));
             }
         return;
+    case T_TQ1_0: {
+        const __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w));
+        const __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+        const __m256i b2 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32)));
+        int32_t qh;
+        memcpy(&qh, w + 48, 4);
+        *d = f16(w + 52);
+        for (int n = 0, p = 1; n < 5; n++, p *= 3) {
+            const __m256i pow3 = _mm256_set1_epi16((short)p);
+            v[2 * n] = tern16(b0, pow3);
+            v[2 * n + 1] = tern16(b1, pow3);
+            v[10 + n] = tern16(b2, pow3);
+        }
+        v[15] = tern16(_mm256_cvtepu8_epi16(_mm_set1_epi32(qh)), /* lane 4n + j: qh[j] */
+                       _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27));
+        return;
+    }
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
     for (int i = 0; i < 16; i++)
@@ -234,6 +262,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
         case T_IQ2_XS: ROW_LOOP(fn, T_IQ2_XS, mr) break;                                      \
         case T_IQ2_S: ROW_LOOP(fn, T_IQ2_S, mr) break;                                        \
         case T_TQ2_0: ROW_LOOP(fn, T_TQ2_0, mr) break;                                        \
+        case T_TQ1_0: ROW_LOOP(fn, T_TQ1_0, mr) break;                                        \
         }                                                                                     \
     }
 
