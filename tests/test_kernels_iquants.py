@@ -21,7 +21,7 @@ from . import tiny
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"native kernels unavailable: {kernels.unavailable_reason()}")
 
-TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S, QT.TQ2_0, QT.TQ1_0]
+TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S, QT.TQ2_0, QT.TQ1_0, QT.IQ1_S]
 
 # the bytes (offsets in a block) that hold each type's integer sub-scales, and the bits of
 # theirs to set for the largest ones
@@ -29,7 +29,8 @@ MAX_SUBSCALES = {QT.IQ2_XXS: ([9 + 8 * b for b in range(8)], 0xF0),
                  QT.IQ3_XXS: ([69 + 4 * b for b in range(8)], 0xF0),
                  QT.IQ3_S: ([106, 107, 108, 109], 0xFF),
                  QT.IQ2_XS: (list(range(66, 74)), 0xFF),
-                 QT.IQ2_S: (list(range(74, 82)), 0xFF)}
+                 QT.IQ2_S: (list(range(74, 82)), 0xFF),
+                 QT.IQ1_S: ([35 + 2 * b for b in range(8)], 0x70)}
 
 
 def _tensor(qtype: QT, rows: int, cols: int, seed: int = 0) -> RawTensor:

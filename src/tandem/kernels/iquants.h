@@ -26,6 +26,7 @@ static inline int64_t iq_block_bytes(int64_t type) {
     case T_IQ2_S: return 82;
     case T_TQ2_0: return 66;
     case T_TQ1_0: return 54;
+    case T_IQ1_S: return 50;
     }
     return 0;
 }

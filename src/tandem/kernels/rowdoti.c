@@ -17,6 +17,8 @@
  *   IQ2_XS, IQ2_S  as IQ2_XXS, a sub-scale per 16 weights
  *   TQ2_0    w = d * (q - 1), q 2 bits:                         32 * 2 * 16383 < 2^21
  *   TQ1_0    w = d * (t - 1), t a base-3 digit:                 32 * 1 * 16383 < 2^20
+ *   IQ1_S    w = d (2 s + 1) (grid + delta), delta = +-1/8: value (2 s + 1) (8 grid +- 1) times
+ *            d/8, |value| <= 15 * 9:                          32 * 135 * 16383 < 2^27
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -40,6 +42,9 @@
  *   TQ1_0 (54 B): qs[48], qh[4] at 48, d at 52: five base-3 digits a byte, digit n of byte q
  *        t = ((q * 3^n mod 256) * 3) >> 8; weight 32n + m in qs[m] (m < 32), 160 + 16n + m in
  *        qs[32 + m] (m < 16), 240 + 4n + j in qh[j] (n < 4)
+ *   IQ1_S (50 B): d, qs[32] at 2, qh[8] (16 bits) at 34: grid index l of b (8 weights each,
+ *        values -1, 0, 1, 2048 entries) = qs[4b + l] | (bits 3l..3l+2 of qh[b]) << 8; s bits
+ *        12-14 of qh[b], delta -1/8 where bit 15 is set, else 1/8
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -180,6 +185,20 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
                        _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27));
         return;
     }
+    case T_IQ1_S:
+        *d = f16(w) * 0.125f;
+        for (int b = 0; b < 8; b++) {
+            const uint32_t qh = w[34 + 2 * b] | (uint32_t)w[35 + 2 * b] << 8;
+            const __m256i sc = _mm256_set1_epi16((short)(2 * ((qh >> 12) & 7) + 1));
+            const __m256i delta = _mm256_set1_epi16(qh & 0x8000 ? -1 : 1);
+            for (int h = 0; h < 2; h++) {
+                const int l = 2 * h;
+                const __m256i g = grid8x2(IQ1S_GRID, w[2 + 4 * b + l] | ((qh >> 3 * l) & 7) << 8,
+                                          w[3 + 4 * b + l] | ((qh >> (3 * l + 3)) & 7) << 8);
+                v[2 * b + h] = _mm256_mullo_epi16(_mm256_add_epi16(_mm256_slli_epi16(g, 3), delta), sc);
+            }
+        }
+        return;
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
     for (int i = 0; i < 16; i++)
@@ -263,6 +282,7 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
         case T_IQ2_S: ROW_LOOP(fn, T_IQ2_S, mr) break;                                        \
         case T_TQ2_0: ROW_LOOP(fn, T_TQ2_0, mr) break;                                        \
         case T_TQ1_0: ROW_LOOP(fn, T_TQ1_0, mr) break;                                        \
+        case T_IQ1_S: ROW_LOOP(fn, T_IQ1_S, mr) break;                                        \
         }                                                                                     \
     }
 
