@@ -248,7 +248,8 @@ def test_positions_outside_the_cache_are_refused(qmodel_path):
         m.model(torch.tensor([[1, 2, 3]]), cache, [0], [14])
 
 
-IQ_TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S, QT.TQ2_0, QT.TQ1_0, QT.IQ1_S]  # rowdoti.c's
+IQ_TYPES = [QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M, QT.TQ1_0,
+            QT.TQ2_0]  # rowdoti.c's
 
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.IQ4_NL,

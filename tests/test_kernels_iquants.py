@@ -21,16 +21,18 @@ from . import tiny
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"native kernels unavailable: {kernels.unavailable_reason()}")
 
-TYPES = [QT.IQ2_XXS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XS, QT.IQ2_S, QT.TQ2_0, QT.TQ1_0, QT.IQ1_S]
+TYPES = [QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M, QT.TQ1_0,
+         QT.TQ2_0]
 
 # the bytes (offsets in a block) that hold each type's integer sub-scales, and the bits of
 # theirs to set for the largest ones
-MAX_SUBSCALES = {QT.IQ2_XXS: ([9 + 8 * b for b in range(8)], 0xF0),
-                 QT.IQ3_XXS: ([69 + 4 * b for b in range(8)], 0xF0),
-                 QT.IQ3_S: ([106, 107, 108, 109], 0xFF),
-                 QT.IQ2_XS: (list(range(66, 74)), 0xFF),
-                 QT.IQ2_S: (list(range(74, 82)), 0xFF),
-                 QT.IQ1_S: ([35 + 2 * b for b in range(8)], 0x70)}
+MAX_SUBSCALES = {QT.IQ2_XXS: [([9 + 8 * b for b in range(8)], 0xF0)],
+                 QT.IQ3_XXS: [([69 + 4 * b for b in range(8)], 0xF0)],
+                 QT.IQ3_S: [([106, 107, 108, 109], 0xFF)],
+                 QT.IQ2_XS: [(list(range(66, 74)), 0xFF)],
+                 QT.IQ2_S: [(list(range(74, 82)), 0xFF)],
+                 QT.IQ1_S: [([35 + 2 * b for b in range(8)], 0x70)],
+                 QT.IQ1_M: [([48, 50, 52, 54], 0xFF), ([49, 51, 53, 55], 0x0F)]}
 
 
 def _tensor(qtype: QT, rows: int, cols: int, seed: int = 0) -> RawTensor:
@@ -40,8 +42,7 @@ def _tensor(qtype: QT, rows: int, cols: int, seed: int = 0) -> RawTensor:
     block, nbytes, f16_at = tiny.RANDOM_BLOCKS[qtype.name]
     blocks = rng.integers(0, 256, size=(rows * cols // block, nbytes), dtype=np.uint8)
     for at in f16_at:
-        blocks[:, at: at + 2] = rng.uniform(1e-4, 3e-3, (len(blocks), 1)).astype(
-            np.float16).view(np.uint8)
+        tiny.put_f16(blocks, qtype.name, at, rng.uniform(1e-4, 3e-3, len(blocks)))
     return RawTensor("blk.0.ffn_up.weight", qtype, (rows, cols), blocks.reshape(rows, -1))
 
 
@@ -95,8 +96,8 @@ def test_the_largest_sub_scales_stay_inside_int32(qtype):
     raw = _tensor(qtype, n, k, seed=5)
     if qtype in MAX_SUBSCALES:
         blocks = raw.data.reshape(n * k // 256, -1)
-        at, bits = MAX_SUBSCALES[qtype]
-        blocks[:, at] |= bits
+        for at, bits in MAX_SUBSCALES[qtype]:
+            blocks[:, at] |= bits
     w = _weights(raw)
     x = torch.sign(w).float()  # row i: every product of weight row i positive
     for bits in (16, 8):

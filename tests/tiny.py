@@ -253,7 +253,8 @@ RANDOM_BLOCKS = {"Q2_K": (256, 84, {80: 1e-3, 82: 5e-4}), "Q3_K": (256, 110, {10
                  "IQ2_S": (256, 82, {0: 3e-4}),
                  "TQ2_0": (256, 66, {64: 0.016}),
                  "TQ1_0": (256, 54, {52: 0.025}),
-                 "IQ1_S": (256, 50, {0: 2.7e-3})}
+                 "IQ1_S": (256, 50, {0: 2.7e-3}),
+                 "IQ1_M": (256, 56, {48: 2.7e-3})}  # put_f16: IQ1_M's scale in four nibbles
 
 
 def random_blocks(a: np.ndarray, qtype) -> np.ndarray:
@@ -264,8 +265,21 @@ def random_blocks(a: np.ndarray, qtype) -> np.ndarray:
     rng = np.random.default_rng(abs(int(a.sum() * 1e6)) % 2**32)
     b = rng.integers(0, 256, size=(rows * k // block, nbytes), dtype=np.uint8)
     for at, v in scales.items():
-        b[:, at: at + 2] = np.float16(v).reshape(1).view(np.uint8)
+        put_f16(b, qtype.name, at, v)
     return b.reshape(rows, -1)
+
+
+def put_f16(b: np.ndarray, type_name: str, at: int, v) -> None:
+    """Blocks b (n, bytes) get the fp16 scale v (one, or one per block) at byte `at`; IQ1_M's
+    is spread over the top nibbles of the four 16-bit words at `at` (nibble i in word i), whose
+    low 12 bits (its sub-scales) stay."""
+    h = np.asarray(v, np.float16).reshape(-1, 1)
+    if type_name != "IQ1_M":
+        b[:, at: at + 2] = h.view(np.uint8)
+        return
+    nibbles = (h.view(np.uint16) >> np.array([0, 4, 8, 12], np.uint16)) & 0xF
+    words = b[:, at: at + 8].copy().view(np.uint16)
+    b[:, at: at + 8] = ((words & 0x0FFF) | nibbles << 12).astype(np.uint16).view(np.uint8)
 
 
 def quantize_q4_k(a: np.ndarray) -> np.ndarray:

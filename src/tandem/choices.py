@@ -36,7 +36,8 @@ SPEC_TYPES = ("none", "ngram-simple", "suffix", "draft-simple", "draft-eagle3", 
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
                 "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
                 "Q2_K": 10, "Q3_K": 11, "IQ4_NL": 20, "IQ4_XS": 23, "F16": 1, "BF16": 30,
-                "IQ2_XXS": 16, "IQ3_XXS": 18, "IQ3_S": 21, "IQ2_XS": 17, "IQ2_S": 22, "TQ2_0": 35, "TQ1_0": 34, "IQ1_S": 19}
+                "IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22, "IQ3_XXS": 18, "IQ3_S": 21,
+                "IQ1_S": 19, "IQ1_M": 29, "TQ1_0": 34, "TQ2_0": 35}
 
 # which kernel reads each KERNEL_TYPES matrix (the memory plan and `tandem check` name it)
 KERNEL_OF = {
@@ -44,8 +45,8 @@ KERNEL_OF = {
     "Q5_K": "K-quant kernels, prompt kernel",
     **dict.fromkeys(("Q4_0", "Q5_0"), "row kernels, int8 in 16-row groups"),
     **dict.fromkeys(("Q4_1", "Q5_1", "IQ4_NL"), "row kernels"),
-    **dict.fromkeys(("IQ2_XXS", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S", "TQ2_0", "TQ1_0", "IQ1_S"),
-                    "row kernels"),  # kernels/rowdoti.c
+    **dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+                     "TQ1_0", "TQ2_0"), "row kernels"),  # kernels/rowdoti.c
     "Q8_0": "row kernels, prompt kernel",
     **dict.fromkeys(("Q2_K", "Q3_K", "IQ4_XS"), "row kernels, prompt kernel"),
     **dict.fromkeys(("F16", "BF16"), "float kernels, tiled prompt kernel"),

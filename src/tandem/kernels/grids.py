@@ -35,7 +35,7 @@ def header() -> str:
     """The text of iq_grids.h"""
     from gguf import quants
 
-    lines = ["/* Generated from the gguf package's tables (tandem/kernels/grids.py): do not edit */",
+    lines = ["/* Written from the gguf package's tables by tandem/kernels/grids.py */",
              "#include <stdint.h>"]
     for name, (cls_name, width) in GRIDS.items():
         g = _grid(cls_name)

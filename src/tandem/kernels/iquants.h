@@ -27,6 +27,7 @@ static inline int64_t iq_block_bytes(int64_t type) {
     case T_TQ2_0: return 66;
     case T_TQ1_0: return 54;
     case T_IQ1_S: return 50;
+    case T_IQ1_M: return 56;
     }
     return 0;
 }

@@ -9,16 +9,17 @@
  * AVX2 lanes' integers), one float step per block (FLUSH) and blocks.h's lane sum, so every
  * row has the same bits at every row count, thread count and build.
  *
- * The values and the bound on a lane's sum over a block (32 products, int16 activations
- * |x| <= 16383), which stays below 2^31 for every type:
- *   IQ2_XXS  w = (d/8) * (2 ls + 1) * grid * sign, |value| <= 31 * 43:  32 * 1333 * 16383 < 2^30
- *   IQ3_XXS  w = (d/4) * (2 ls + 1) * grid * sign, |value| <= 31 * 62:  32 * 1922 * 16383 < 2^30
- *   IQ3_S    w = d * (2 s + 1) * grid * sign,      |value| <= 31 * 15:  32 * 465 * 16383 < 2^28
- *   IQ2_XS, IQ2_S  as IQ2_XXS, a sub-scale per 16 weights
- *   TQ2_0    w = d * (q - 1), q 2 bits:                         32 * 2 * 16383 < 2^21
- *   TQ1_0    w = d * (t - 1), t a base-3 digit:                 32 * 1 * 16383 < 2^20
- *   IQ1_S    w = d (2 s + 1) (grid + delta), delta = +-1/8: value (2 s + 1) (8 grid +- 1) times
- *            d/8, |value| <= 15 * 9:                          32 * 135 * 16383 < 2^27
+ * The values, and the bound on a lane's integer sum over a block (32 products of int16
+ * activations |x| <= 16383 and values |v| <= vmax: 32 * vmax * 16383), below 2^31 for every
+ * type, so one float step a block:
+ *   type                weight = d' * v                                     vmax   lane sum
+ *   IQ2_XXS, _XS, _S    d/8 * (2 ls + 1) * grid * sign, grid 8, 25, 43      1333   < 2^30
+ *   IQ3_XXS             d/4 * (2 ls + 1) * grid * sign, grid 4..62          1922   < 2^30
+ *   IQ3_S               d * (2 s + 1) * grid * sign, grid 1..15             465    < 2^28
+ *   IQ1_S, IQ1_M        d (2 s + 1) (grid +- 1/8) = d/8 * (2 s + 1) *       135    < 2^27
+ *                       (8 grid +- 1), grid -1, 0, 1
+ *   TQ1_0, TQ2_0        d * (q - 1), q 0..2 (0..3)                          2      < 2^21
+ * with ls, s the integer sub-scales (per 32 weights; per 16 in IQ2_XS, IQ2_S, IQ1_M).
  *
  * dequant_row_iq gives d * value, which is llama.cpp's dequantize_row_* bit for bit: d (an
  * fp16, or one over a power of two times it) and value (at most 11 bits) multiply exactly in
@@ -45,6 +46,10 @@
  *   IQ1_S (50 B): d, qs[32] at 2, qh[8] (16 bits) at 34: grid index l of b (8 weights each,
  *        values -1, 0, 1, 2048 entries) = qs[4b + l] | (bits 3l..3l+2 of qh[b]) << 8; s bits
  *        12-14 of qh[b], delta -1/8 where bit 15 is set, else 1/8
+ *   IQ1_M (56 B): qs[32], qh[16] at 32, sc[4] (16 bits) at 48: grid index l of b = qs[4b + l]
+ *        | (bits 0-2 of qh[2b + l/2], bits 4-6 for odd l) << 8, delta -1/8 where bit 3 (7) is
+ *        set; s of weights 32b + 16h.. bits 6 (b % 2) + 3h of sc[b / 2]; d the fp16 whose
+ *        nibble i is the top nibble of sc[i]
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -86,6 +91,21 @@ static inline uint32_t ksigns2(uint32_t s0, uint32_t s1) {
     return KSIGNS[s0 & 127] | (uint32_t)KSIGNS[s1 & 127] << 8;
 }
 
+/* (2 s + 1) q: an integer sub-scale s applied */
+static inline __m256i odd_times(__m256i q, uint32_t s) {
+    return _mm256_mullo_epi16(q, _mm256_set1_epi16((short)(2 * s + 1)));
+}
+
+/* (2 s + 1) q with lane j negated where bit j of signs is set */
+static inline __m256i iq_vals(__m256i q, uint32_t signs, uint32_t s) {
+    return odd_times(neg16(q, signs), s);
+}
+
+/* 8 grid + delta (IQ1_S, IQ1_M: grid -1, 0, 1 and delta +-1 / 8, times 8) */
+static inline __m256i iq1_vals(__m256i grid, __m256i delta) {
+    return _mm256_add_epi16(_mm256_slli_epi16(grid, 3), delta);
+}
+
 /* A 256-weight block at w as v[16] (vector i: weights 16 i .. 16 i + 15) and d: weight = d v */
 static inline __attribute__((always_inline)) void iq_unpack(int type, const uint8_t *w,
                                                             __m256i v[16], float *d) {
@@ -96,52 +116,21 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
             uint32_t g, s;
             memcpy(&g, w + 2 + 8 * b, 4);
             memcpy(&s, w + 6 + 8 * b, 4);
-            const __m256i sc = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
-            for (int h = 0; h < 2; h++) {
-                const __m256i q = grid8x2(IQ2XXS_GRID, (g >> 16 * h) & 255, (g >> (16 * h + 8)) & 255);
-                v[2 * b + h] = _mm256_mullo_epi16(neg16(q, ksigns2(s >> 14 * h, s >> (14 * h + 7))), sc);
-            }
+            for (int h = 0; h < 2; h++)
+                v[2 * b + h] = iq_vals(grid8x2(IQ2XXS_GRID, (g >> 16 * h) & 255,
+                                               (g >> (16 * h + 8)) & 255),
+                                       ksigns2(s >> 14 * h, s >> (14 * h + 7)), s >> 28);
         }
         return;
-    case T_IQ3_XXS:
-        *d = f16(w) * 0.25f;
-        for (int b = 0; b < 8; b++) {
-            const uint8_t *g = w + 2 + 8 * b;
-            uint32_t s;
-            memcpy(&s, w + 66 + 4 * b, 4);
-            const __m256i sc = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
-            for (int h = 0; h < 2; h++, g += 4) {
-                const __m256i q = grid4x4(IQ3XXS_GRID, g[0], g[1], g[2], g[3]);
-                v[2 * b + h] = _mm256_mullo_epi16(neg16(q, ksigns2(s >> 14 * h, s >> (14 * h + 7))), sc);
-            }
-        }
-        return;
-    case T_IQ3_S: {
-        const uint8_t *qs = w + 2, *qh = w + 66, *sg = w + 74, *scales = w + 106;
-        *d = f16(w);
-        for (int b = 0; b < 8; b++) {
-            const __m256i sc = _mm256_set1_epi16((short)(2 * ((scales[b / 2] >> 4 * (b % 2)) & 15) + 1));
-            for (int h = 0; h < 2; h++) {
-                uint32_t i[4];
-                for (int k = 0; k < 4; k++)
-                    i[k] = qs[8 * b + 4 * h + k] | ((qh[b] >> (4 * h + k)) & 1) << 8;
-                const __m256i q = grid4x4(IQ3S_GRID, i[0], i[1], i[2], i[3]);
-                const uint32_t s = sg[4 * b + 2 * h] | (uint32_t)sg[4 * b + 2 * h + 1] << 8;
-                v[2 * b + h] = _mm256_mullo_epi16(neg16(q, s), sc);
-            }
-        }
-        return;
-    }
     case T_IQ2_XS:
         *d = f16(w) * 0.125f;
         for (int b = 0; b < 8; b++) {
             uint16_t q[4];
             memcpy(q, w + 2 + 8 * b, 8);
-            for (int h = 0; h < 2; h++) {
-                const __m256i sc = _mm256_set1_epi16((short)(2 * ((w[66 + b] >> 4 * h) & 15) + 1));
-                const __m256i g = grid8x2(IQ2XS_GRID, q[2 * h] & 511, q[2 * h + 1] & 511);
-                v[2 * b + h] = _mm256_mullo_epi16(neg16(g, ksigns2(q[2 * h] >> 9, q[2 * h + 1] >> 9)), sc);
-            }
+            for (int h = 0; h < 2; h++)
+                v[2 * b + h] = iq_vals(grid8x2(IQ2XS_GRID, q[2 * h] & 511, q[2 * h + 1] & 511),
+                                       ksigns2(q[2 * h] >> 9, q[2 * h + 1] >> 9),
+                                       (w[66 + b] >> 4 * h) & 15);
         }
         return;
     case T_IQ2_S: {
@@ -150,24 +139,69 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
         for (int b = 0; b < 8; b++)
             for (int h = 0; h < 2; h++) {
                 const int l = 4 * b + 2 * h;
-                const __m256i sc = _mm256_set1_epi16((short)(2 * ((w[74 + b] >> 4 * h) & 15) + 1));
                 const __m256i g = grid8x2(IQ2S_GRID, qs[l] | ((qh[b] >> 4 * h) & 3) << 8,
                                           qs[l + 1] | ((qh[b] >> (4 * h + 2)) & 3) << 8);
-                v[2 * b + h] = _mm256_mullo_epi16(neg16(g, sg[l] | (uint32_t)sg[l + 1] << 8), sc);
+                v[2 * b + h] = iq_vals(g, sg[l] | (uint32_t)sg[l + 1] << 8,
+                                       (w[74 + b] >> 4 * h) & 15);
             }
         return;
     }
-    case T_TQ2_0:
-        *d = f16(w + 64);
-        for (int h = 0; h < 2; h++)
-            for (int p = 0; p < 2; p++) {
-                const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * h + 16 * p)));
-                for (int l = 0; l < 4; l++)
-                    v[8 * h + 2 * l + p] = _mm256_sub_epi16(
-                        _mm256_and_si256(_mm256_srli_epi16(B, 2 * l), _mm256_set1_epi16(3)),
-                        _mm256_set1_epi16(1));
+    case T_IQ3_XXS:
+        *d = f16(w) * 0.25f;
+        for (int b = 0; b < 8; b++) {
+            const uint8_t *g = w + 2 + 8 * b;
+            uint32_t s;
+            memcpy(&s, w + 66 + 4 * b, 4);
+            for (int h = 0; h < 2; h++, g += 4)
+                v[2 * b + h] = iq_vals(grid4x4(IQ3XXS_GRID, g[0], g[1], g[2], g[3]),
+                                       ksigns2(s >> 14 * h, s >> (14 * h + 7)), s >> 28);
+        }
+        return;
+    case T_IQ3_S: {
+        const uint8_t *qs = w + 2, *qh = w + 66, *sg = w + 74, *scales = w + 106;
+        *d = f16(w);
+        for (int b = 0; b < 8; b++)
+            for (int h = 0; h < 2; h++) {
+                uint32_t i[4];
+                for (int k = 0; k < 4; k++)
+                    i[k] = qs[8 * b + 4 * h + k] | ((qh[b] >> (4 * h + k)) & 1) << 8;
+                v[2 * b + h] = iq_vals(grid4x4(IQ3S_GRID, i[0], i[1], i[2], i[3]),
+                                       sg[4 * b + 2 * h] | (uint32_t)sg[4 * b + 2 * h + 1] << 8,
+                                       (scales[b / 2] >> 4 * (b % 2)) & 15);
             }
         return;
+    }
+    case T_IQ1_S:
+        *d = f16(w) * 0.125f;
+        for (int b = 0; b < 8; b++) {
+            const uint32_t qh = w[34 + 2 * b] | (uint32_t)w[35 + 2 * b] << 8;
+            const __m256i delta = _mm256_set1_epi16(qh & 0x8000 ? -1 : 1);
+            for (int h = 0; h < 2; h++) {
+                const int l = 2 * h;
+                const __m256i g = grid8x2(IQ1S_GRID, w[2 + 4 * b + l] | ((qh >> 3 * l) & 7) << 8,
+                                          w[3 + 4 * b + l] | ((qh >> (3 * l + 3)) & 7) << 8);
+                v[2 * b + h] = odd_times(iq1_vals(g, delta), (qh >> 12) & 7);
+            }
+        }
+        return;
+    case T_IQ1_M: {
+        uint16_t sc[4];
+        memcpy(sc, w + 48, 8);
+        *d = _cvtsh_ss((unsigned short)((sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) |
+                                        ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000))) * 0.125f;
+        for (int b = 0; b < 8; b++)
+            for (int h = 0; h < 2; h++) {
+                const int l = 4 * b + 2 * h, qh = w[32 + 2 * b + h];
+                const __m256i delta = _mm256_inserti128_si256( /* weights 0-7, 8-15 */
+                    _mm256_castsi128_si256(_mm_set1_epi16(qh & 0x08 ? -1 : 1)),
+                    _mm_set1_epi16(qh & 0x80 ? -1 : 1), 1);
+                const __m256i g = grid8x2(IQ1S_GRID, w[l] | (qh & 7) << 8,
+                                          w[l + 1] | ((qh >> 4) & 7) << 8);
+                v[2 * b + h] = odd_times(iq1_vals(g, delta),
+                                         (sc[b / 2] >> (6 * (b % 2) + 3 * h)) & 7);
+            }
+        return;
+    }
     case T_TQ1_0: {
         const __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w));
         const __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
@@ -185,19 +219,17 @@ static inline __attribute__((always_inline)) void iq_unpack(int type, const uint
                        _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27));
         return;
     }
-    case T_IQ1_S:
-        *d = f16(w) * 0.125f;
-        for (int b = 0; b < 8; b++) {
-            const uint32_t qh = w[34 + 2 * b] | (uint32_t)w[35 + 2 * b] << 8;
-            const __m256i sc = _mm256_set1_epi16((short)(2 * ((qh >> 12) & 7) + 1));
-            const __m256i delta = _mm256_set1_epi16(qh & 0x8000 ? -1 : 1);
-            for (int h = 0; h < 2; h++) {
-                const int l = 2 * h;
-                const __m256i g = grid8x2(IQ1S_GRID, w[2 + 4 * b + l] | ((qh >> 3 * l) & 7) << 8,
-                                          w[3 + 4 * b + l] | ((qh >> (3 * l + 3)) & 7) << 8);
-                v[2 * b + h] = _mm256_mullo_epi16(_mm256_add_epi16(_mm256_slli_epi16(g, 3), delta), sc);
+    case T_TQ2_0:
+        *d = f16(w + 64);
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 2; p++) {
+                const __m256i q = _mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(w + 32 * h + 16 * p)));
+                for (int l = 0; l < 4; l++)
+                    v[8 * h + 2 * l + p] = _mm256_sub_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), _mm256_set1_epi16(3)),
+                        _mm256_set1_epi16(1));
             }
-        }
         return;
     }
     *d = 0.f; /* not one of iquants.h's types: no weights */
@@ -223,7 +255,8 @@ void dequant_row_iq(int type, const uint8_t *w, int64_t K, float *y) {
  * 2k and 2k + 1 side by side against 32 activations, by vpdpwssd, folded to the AVX2 sums) */
 #if TQ_AVX512
 #define XI16_5(m, o) _mm512_loadu_si512((const void *)(A->q + (m) * A->K + (o)))
-#define XI8_5(m, o) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o))))
+#define XI8_5(m, o)                                                                           \
+    _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(A->q + (m) * A->K + (o))))
 #define DOTI(XLOAD)                                                                           \
     do {                                                                                      \
         __m512i v5[8];                                                                        \
@@ -276,13 +309,14 @@ ROW_DOT_I(row_doti8, acts8_t, 8)
                                const acts *A, float *y, int64_t N, const float *bias) {      \
         switch (t) {                                                                          \
         case T_IQ2_XXS: ROW_LOOP(fn, T_IQ2_XXS, mr) break;                                    \
-        case T_IQ3_XXS: ROW_LOOP(fn, T_IQ3_XXS, mr) break;                                    \
-        case T_IQ3_S: ROW_LOOP(fn, T_IQ3_S, mr) break;                                        \
         case T_IQ2_XS: ROW_LOOP(fn, T_IQ2_XS, mr) break;                                      \
         case T_IQ2_S: ROW_LOOP(fn, T_IQ2_S, mr) break;                                        \
-        case T_TQ2_0: ROW_LOOP(fn, T_TQ2_0, mr) break;                                        \
-        case T_TQ1_0: ROW_LOOP(fn, T_TQ1_0, mr) break;                                        \
+        case T_IQ3_XXS: ROW_LOOP(fn, T_IQ3_XXS, mr) break;                                    \
+        case T_IQ3_S: ROW_LOOP(fn, T_IQ3_S, mr) break;                                        \
         case T_IQ1_S: ROW_LOOP(fn, T_IQ1_S, mr) break;                                        \
+        case T_IQ1_M: ROW_LOOP(fn, T_IQ1_M, mr) break;                                        \
+        case T_TQ1_0: ROW_LOOP(fn, T_TQ1_0, mr) break;                                        \
+        case T_TQ2_0: ROW_LOOP(fn, T_TQ2_0, mr) break;                                        \
         }                                                                                     \
     }
 
