@@ -10,7 +10,7 @@ import torch
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.memory import (
-    TORCH_RUNTIME_BYTES,
+    RUNTIME_BYTES,
     VOCAB_ENTRY_BYTES,
     ModelSpec,
     available_memory,
@@ -175,11 +175,11 @@ def test_totals_fits_and_table():
     t = ModelSpec("target", ARGS, TENSORS, "big.gguf")
     d = ModelSpec("draft", ARGS, TENSORS, "small.gguf")
     p = _plan([t, d], 1000, 2, 4, available=10**9)
-    assert p.total == sum(r.weights + r.kv_cache + r.working for r in p.rows) + TORCH_RUNTIME_BYTES
+    assert p.total == sum(r.weights + r.kv_cache + r.working for r in p.rows) + RUNTIME_BYTES
     assert p.fits
     text = p.format()
     assert "target big.gguf" in text and "draft small.gguf" in text
-    assert "PyTorch runtime" in text and "fits: yes" in text
+    assert "runtime (Python, PyTorch, the server)" in text and "fits: yes" in text
     short = _plan([t, d], 1000, 2, 4, available=p.total - 1)
     assert not short.fits
     assert "fits: NO" in short.format() and "short" in short.format()
@@ -360,3 +360,52 @@ def test_the_loader_logs_a_type_without_a_native_kernel(tmp_path, monkeypatch, c
         _warn_no_kernel(GGUFFile(path), "float32")
     (msg,) = [r.getMessage() for r in caplog.records]
     assert "m.gguf" in msg and "of type Q8_0: no native kernel: expanded at load" in msg
+
+
+def test_a_drafts_output_counts_the_rows_of_its_shortlist():
+    """--spec-draft-vocab N: a draft reads N rows of an output projection it reads in place
+    (Q8_0), so only they become resident; a type the kernels repack is held whole."""
+    from tandem.kernels import REPACK_FROM
+
+    q8 = dict(TENSORS, **{"output.weight": ("Q8_0", (100, 64))})
+    whole = weight_bytes(q8, "native", 4)
+    assert weight_bytes(q8, "native", 4, 25, REPACK_FROM) == whole - 75 * 64 * 34 // 32
+    assert weight_bytes(q8, "native", 4, 1000, REPACK_FROM) == whole  # more rows than there are
+    q6 = dict(TENSORS, **{"output.weight": ("Q6_K", (100, 256))})
+    assert weight_bytes(q6, "native", 4, 25, REPACK_FROM) == weight_bytes(q6, "native", 4)
+    assert weight_bytes(q6, "native", 4, 25, ()) < weight_bytes(q6, "native", 4)  # not repacked
+    t, d = ModelSpec("target", ARGS, q8, "t.gguf"), ModelSpec("draft", ARGS, q8, "d.gguf")
+    cfg = EngineConfig(ctx_size=256)
+    p = plan([t, d], cfg, 4, available=10**12, draft_vocab=25)
+    assert p.rows[0].weights == whole and p.rows[1].weights < whole  # the target reads all rows
+
+
+def test_only_the_largest_pass_is_counted_once():
+    """The target's and the draft's passes never run at once: the larger one's buffers are in
+    its row, the other row keeps only what it holds between passes."""
+    t = ModelSpec("target", ARGS, TENSORS, "t.gguf")
+    small = ModelArgs(arch="qwen2", dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64,
+                      vocab_size=100)
+    d = ModelSpec("draft", small, TENSORS, "d.gguf")
+    alone = _plan([d], 256, 1, 4, "int4", available=10**12).rows[0]
+    pair = _plan([t, d], 256, 1, 4, "int4", available=10**12)
+    assert pair.rows[0].working == _plan([t], 256, 1, 4, "int4", available=10**12).rows[0].working
+    assert pair.rows[1].working == working_bytes(small, 256, 1, 4, 0, logit_rows=1) \
+        < alone.working
+
+
+def test_the_host_prompt_cache_is_named_with_its_cap_beside_the_total():
+    t = ModelSpec("target", ARGS, TENSORS, "t.gguf")
+    p = plan([t], EngineConfig(ctx_size=256, cache_ram=100), 0, available=10**12)
+    text = p.format()
+    assert p.prompt_cache == 100 << 20
+    assert "host prompt cache, up to (--cache-ram)" in text and "100.0 MiB" in text
+    assert "total with the host prompt cache full" in text
+    none = plan([t], EngineConfig(ctx_size=256, cache_ram=0), 0, available=10**12)
+    assert none.total == p.total and "host prompt cache, up to" not in none.format()
+    assert "no host prompt cache" in none.format()
+    tight = plan([t], EngineConfig(ctx_size=256, cache_ram=100), 0, available=p.total + 1)
+    assert tight.fits and "--cache-ram 0 at most" in tight.format()
+    j = p.as_json()
+    assert j["total"] == p.total and j["host_prompt_cache_cap"] == 100 << 20
+    assert [m["role"] for m in j["models"]] == ["target"]

@@ -9,7 +9,11 @@ mmproj GGUF layout llama.cpp's converter writes (tests/tiny_vision.py). Like tin
 its images mean nothing to the model: the suite checks the API (status codes, token counts,
 cache reuse, slot files), not what the model says about a cat.
 
-Usage: make_mmproj.py OUT.gguf
+Usage: make_mmproj.py OUT.gguf [--siglip]
+
+--siglip: Gemma 3's own SigLIP tower shape instead (896 x 896 images in 14 x 14 patches, 27
+layers 1152 wide, 256 tokens per image, ~800 MB in F16), still random: for memory
+measurements (experiments/memory_check.py).
 """
 import sys
 from pathlib import Path
@@ -19,7 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.tiny_vision
 
 
-def main(out: str) -> None:
+SIGLIP = {"image_size": 896, "patch_size": 14, "hidden_size": 1152, "intermediate_size": 4304,
+          "num_hidden_layers": 27, "num_attention_heads": 16}
+
+
+def main(out: str, siglip: bool = False) -> None:
     import transformers
 
     from tests import tiny_vision
@@ -29,9 +37,9 @@ def main(out: str) -> None:
                                          num_hidden_layers=1, num_attention_heads=1,
                                          num_key_value_heads=1, head_dim=32, vocab_size=16)
     vision = {**tiny_vision.VISION, "image_size": 128, "hidden_size": 64,
-              "intermediate_size": 128}
+              "intermediate_size": 128, **(SIGLIP if siglip else {})}
     cfg = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision,
-                                    mm_tokens_per_image=64, boi_token_index=0,
+                                    mm_tokens_per_image=256 if siglip else 64, boi_token_index=0,
                                     eoi_token_index=1, image_token_index=2)
     m = transformers.Gemma3ForConditionalGeneration(cfg).eval()
     with torch.no_grad():
@@ -50,4 +58,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--siglip" in sys.argv[2:])

@@ -75,7 +75,8 @@ def run(a: argparse.Namespace) -> int:
     models = [m.spec for m in (target, draft) if m is not None]
     if head is not None:
         models.append(head_spec(head))
-    mem = plan(models, cfg, spec.spare_positions, pool_tokens=_pool_tokens(spec))
+    mem = plan(models, cfg, spec.spare_positions, pool_tokens=_pool_tokens(spec),
+               draft_vocab=spec.draft_vocab if draft is not None else 0)
     if a.mmproj is not None:
         mem.rows.append(_mmproj_row(a.mmproj))
     print(mem.format())
@@ -94,7 +95,9 @@ def memory_plan(cfg: EngineConfig, spec: SpecConfig, model: str, model_draft: st
     elif spec.uses_draft:
         models.append(inspect_model("draft", model_draft).spec)
     out = plan(models, cfg, spec.spare_positions, embeddings=embeddings,
-               pool_tokens=_pool_tokens(spec))
+               pool_tokens=_pool_tokens(spec),
+               draft_vocab=spec.draft_vocab if spec.uses_draft
+               and "draft-eagle3" not in spec.types else 0)
     if mmproj is not None:
         out.rows.append(_mmproj_row(mmproj))
     return out

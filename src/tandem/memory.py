@@ -1,21 +1,25 @@
-"""The memory plan printed before loading: weights, KV cache and working buffers per model.
+"""The memory plan printed before loading: what the process will hold, line by line.
 
-What is counted (the loader and the decoder hold exactly these):
+What is counted (the loader, the engine and the server hold exactly these; the plan's total is
+checked against a server's measured peak, VmHWM, in tests/test_memory_measured.py and
+experiments/memory_check.py):
 
 - weights, mode "native" (GGUF; what "auto" means where the native kernels build): 2-D tensors
-  of the types the kernels read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay in the
-  file's memory map and are read in place, so they count at their size in the file: every
-  token reads every one of them, so all their pages become resident. token_embd.weight of such
-  a type is read row by row (only the rows of tokens seen become resident, a few MB): counted
-  only when it is also the output projection (a model without output.weight). Every other 2-D
-  tensor is dense at the compute dtype, which is float32 in this mode (the kernels take float32
-  activations).
-- weights, mode "int4" (GGUF; "auto" where the native kernels do not build): 2-D tensors stored as Q4_K, Q4_0 or Q4_1 (with a row count that
-  is a multiple of 16, as the int4 kernel needs) are repacked to int4, rows*cols/2 bytes, plus a
-  bf16 scale and offset per group of 32 weights (rows*cols/32 * 4 bytes); every other 2-D
-  tensor is dense at the compute dtype; token_embd.weight is always dense (a model without
-  output.weight uses it as the output projection too, with no second copy); norms are float32,
-  biases are at the compute dtype.
+  of the types the kernels read (choices.KERNEL_TYPES) count at their size in the file, once:
+  those the kernels copy into their own layout (int8 Q4_K, Q6_K, Q4_0, Q5_0 in 16-row groups:
+  the same bytes) have their file pages released after the copy (gguf_file.release_pages),
+  the others are read in place from the file's mapping, every page of them resident. Not
+  counted: token_embd.weight where output.weight exists: its rows are read from the mapping
+  and its pages dropped after each lookup (quant.GGUFEmbedding), so it stays in the page cache,
+  not in this process. A draft model's output.weight read in place counts only the rows of its
+  shortlist (--spec-draft-vocab: the rows the draft reads). Every other 2-D tensor is dense at
+  the compute dtype, which is float32 in this mode (the kernels take float32 activations).
+- weights, mode "int4" (GGUF; "auto" where the native kernels do not build): 2-D tensors stored
+  as Q4_K, Q4_0 or Q4_1 (with a row count that is a multiple of 16, as the int4 kernel needs)
+  are repacked to int4, rows*cols/2 bytes, plus a bf16 scale and offset per group of 32
+  weights (rows*cols/32 * 4 bytes); every other 2-D tensor is dense at the compute dtype;
+  token_embd.weight is always dense (a model without output.weight uses it as the output
+  projection too, with no second copy); norms are float32, biases are at the compute dtype.
   Mode "dense": every 2-D tensor at the compute dtype. A float32 compute dtype implies dense.
 - KV cache: n_parallel * (ctx_size + max_k + 1) positions * 2 (K and V) * n_layers * n_kv_heads
   * head_dim, at --cache-type-k / -v's bytes per element (f16: 2, the default; f32: 4; the
@@ -23,22 +27,26 @@ What is counted (the loader and the decoder hold exactly these):
   slots share ctx_size positions (each with room for its own draft): (ctx_size + n_parallel *
   (max_k + 1)) positions, the memory given as they are written and given back when an idle
   slot's cache is dropped, plus a page at each end of every slot's run per layer and head.
-- working buffers, float32: the verify logits, n_parallel * (max_k + 1) rows * vocab; one
-  prefill chunk's activations, chunk * max(3 * ffn_dim (gate, up, product),
-  n_heads * ctx_size (attention scores)); the largest layer weight expanded to float32 for a
-  prefill chunk's GEMM (models/linear.py: compact weights are expanded per call; not in dense
-  float32, where nothing is copied); the rope tables, 2 * (ctx_size + max_k + 1) * head_dim / 2.
-  In native mode with every layer weight readable by the kernels, the layers run in C
-  (kernels/forward.c) and the chunk term is c_layer_bytes' instead: no expanded weight, no
-  score matrix.
-  Prefill computes no logits. Plus the tokenizer and the file's metadata as Python objects
-  (vocabulary, merges): VOCAB_ENTRY_BYTES per vocabulary entry, measured on the Qwen2.5 file
-  (GGUF header 45 MB + tokenizer 55 MB for 151,936 entries, RSS before and after).
-- the PyTorch runtime: TORCH_RUNTIME_BYTES, the peak RSS of a fresh
-  `python -c "import torch"` measured with torch 2.13 (CPU wheel): 223,600 KiB.
+- working memory, float32, per model: the logits it holds (the target: every slot's
+  verification rows, n_parallel * (max_k + 1) rows * vocab; a draft: a row a slot), the rope
+  tables, 2 * (ctx_size + max_k + 1) * head_dim / 2, and the tokenizer and the file's metadata
+  as Python objects: VOCAB_ENTRY_BYTES per vocabulary entry, measured on the Qwen2.5 file
+  (GGUF header 45 MB + tokenizer 55 MB for 151,936 entries, RSS before and after). Plus the
+  buffers of the largest pass, once: the models' passes run one at a time (one worker steps
+  the engine), so the largest one's buffers are counted, in its model's row. A pass of one
+  prefill chunk: chunk * max(3 * ffn_dim (gate, up, product), n_heads * ctx_size (attention
+  scores)) and the largest layer weight expanded to float32 (models/linear.py: compact
+  weights are expanded per call; not in dense float32, where nothing is copied); in native
+  mode with every layer weight readable by the kernels, the layers run in C
+  (kernels/forward.c) and the pass is c_layer_bytes' instead: no expanded weight, no score
+  matrix. Prefill computes no logits.
+- the runtime: RUNTIME_BYTES, Python, PyTorch, the kernels and the server's libraries, measured.
+- the suffix pool of earlier answers, when full (--spec-suffix-pool).
+- the host prompt cache (--cache-ram): named with its cap but not in the total, which is what
+  the process holds with it empty; it fills as slots put prompts aside.
 
-Not counted: transient copies while loading (a tensor is dequantized, then packed), the
-tokenizer, and in modes int4/dense the mmap of the model file (read once while loading).
+Not counted: transient copies while loading (a tensor is read, then packed: one tensor at a
+time), and in modes int4/dense the mmap of the model file (read once while loading).
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from .choices import CACHE_TYPES, INT4_TYPES, KERNEL_OF, KERNEL_TYPES, NO_KERNEL
 from .errors import TandemError
@@ -60,7 +68,10 @@ if TYPE_CHECKING:
     from .models.gguf_file import GGUFFile
 
 INT4_GROUP = 32
-TORCH_RUNTIME_BYTES = 223_600 * 1024
+# the runtime: Python, PyTorch 2.13 (CPU wheel), the kernels and the server's libraries (FastAPI,
+# uvicorn, tokenizers, jinja2): `tandem serve` of a tiny model (tests.tiny) holds 257 MiB
+# before loading it and 274 MiB once it serves (VmRSS; a bare `import torch`: 218 MiB)
+RUNTIME_BYTES = 272 * 1024 * 1024
 # the suffix pool's index per output token it holds (Python lists and dicts: 72 MB for 65536
 # tokens under tracemalloc, bench/results/suffix-pool)
 POOL_BYTES_PER_TOKEN = 1100
@@ -124,11 +135,12 @@ class PlanRow:
 @dataclass(slots=True)
 class MemoryPlan:
     rows: list[PlanRow]
-    runtime: int  # the PyTorch runtime itself
+    runtime: int  # Python, PyTorch and the server's libraries (RUNTIME_BYTES)
     available: int
     available_source: str  # where `available` came from, for the table
     settings: str = ""
     pool: int = 0  # the suffix pool's index when full (--spec-suffix-pool)
+    prompt_cache: int | None = 0  # the host prompt cache's cap (--cache-ram; None: no limit)
 
     @property
     def total(self) -> int:
@@ -152,12 +164,13 @@ class MemoryPlan:
             if r.kernels:
                 lines.append(f"  {r.role} matrices: {r.kernels}")
         if self.runtime:
-            lines.append(f"{'PyTorch runtime':<40} {'':>10} {'':>10} {'':>10} "
+            lines.append(f"{'runtime (Python, PyTorch, the server)':<40} {'':>10} {'':>10} {'':>10} "
                          f"{fmt_bytes(self.runtime):>10}")
         if self.pool:
             lines.append(f"{'suffix pool of earlier answers, when full':<40} {'':>10} {'':>10} "
                          f"{'':>10} {fmt_bytes(self.pool):>10}")
         lines.append(f"{'total':<40} {'':>32} {fmt_bytes(self.total):>10}")
+        lines += self._prompt_cache_lines()
         lines.append(f"{'available (' + self.available_source + ')':<40} {'':>32} "
                      f"{fmt_bytes(self.available):>10}")
         if self.fits:
@@ -165,6 +178,48 @@ class MemoryPlan:
         else:
             lines.append(f"fits: NO, {fmt_bytes(self.total - self.available)} short")
         return "\n".join(lines)
+
+
+    def as_json(self) -> dict:
+        """The plan in bytes, as /props serves it: each model's lines, the runtime, the pool,
+        the host prompt cache's cap (null: no limit), the total, what was available."""
+        return {
+            "models": [{"role": r.role, "name": r.name, "held_as": r.held_as,
+                        "weights": r.weights, "kv_cache": r.kv_cache, "working": r.working,
+                        "total": r.total} for r in self.rows],
+            "runtime": self.runtime, "suffix_pool": self.pool,
+            "host_prompt_cache_cap": self.prompt_cache, "total": self.total,
+            "available": self.available, "available_source": self.available_source,
+            "fits": self.fits}
+
+    def _prompt_cache_lines(self) -> list[str]:
+        """The host prompt cache (--cache-ram): not in the total, which is what the process holds
+        with it empty; it fills as slots put prompts aside, up to its cap."""
+        cap = self.prompt_cache
+        if cap == 0:
+            return []
+        if cap is None:
+            return [f"{'host prompt cache (--cache-ram -1)':<40} {'':>32} {'no limit':>10}"]
+        out = [f"{'host prompt cache, up to (--cache-ram)':<40} {'':>32} {fmt_bytes(cap):>10}",
+               f"{'total with the host prompt cache full':<40} {'':>32} "
+               f"{fmt_bytes(self.total + cap):>10}"]
+        if self.fits and self.total + cap > self.available:
+            out.append(f"  the host prompt cache can outgrow what is available: "
+                       f"--cache-ram {(self.available - self.total) >> 20} at most")
+        return out
+
+
+def resident() -> dict[str, int]:
+    """This process's resident memory now and at its peak (VmRSS, VmHWM), and now its
+    anonymous and file-backed parts, in bytes (Linux; {} elsewhere)."""
+    keys = {"VmRSS": "resident", "VmHWM": "peak_resident", "RssAnon": "anonymous",
+            "RssFile": "file_backed"}
+    try:
+        with open("/proc/self/status") as f:
+            return {keys[k]: int(v.split()[0]) * 1024 for k, _, v in
+                    (line.partition(":") for line in f) if k in keys}
+    except OSError:
+        return {}
 
 
 def fmt_bytes(n: int) -> str:
@@ -181,19 +236,27 @@ def held_as(spec: ModelSpec, numerics: Numerics) -> tuple[str, int]:
     return mode, 4 if dtype == "float32" else 2
 
 
-def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el: int) -> int:
-    """Bytes the weights take once loaded (mode: effective mode; el: dense bytes per element)."""
+def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el: int,
+                 out_rows: int = 0, repacked: Iterable[str] = ()) -> int:
+    """Bytes the weights take once loaded (mode: effective mode; el: dense bytes per element).
+    out_rows: a draft's shortlist (--spec-draft-vocab): the rows of its own output.weight it
+    reads, where the kernels read them in place (the types in `repacked` are copied whole
+    into the kernels' layout, so held whole)."""
     total = 0
     tied = "output.weight" not in tensors
     for name, (type_name, shape) in tensors.items():
         n = math.prod(shape)
-        if mode == "native" and len(shape) == 2 and type_name in KERNEL_TYPES:
+        if (mode == "native" and name == "output.weight" and out_rows and len(shape) == 2
+                and type_name in KERNEL_TYPES and type_name not in repacked):
+            total += _file_bytes(type_name, n) * min(out_rows, shape[0]) // shape[0]
+        elif mode == "native" and len(shape) == 2 and type_name in KERNEL_TYPES:
             # (a matrix the kernels repack, int8 Q4_K, takes the same bytes in their layout,
-            # and its pages of the file are then no longer read)
+            # and its pages of the file are released. token_embd.weight: read row by row from
+            # the file, its pages dropped after each lookup (quant.GGUFEmbedding), so held
+            # only where it is also the output projection)
             if name != "token_embd.weight" or tied:
                 total += _file_bytes(type_name, n)
-            continue
-        if len(shape) < 2:
+        elif len(shape) < 2:
             total += n * (el if name.endswith(".bias") else 4)
         elif mode == "int4" and _packs_to_int4(name, type_name, shape):
             total += n // 2 + n // INT4_GROUP * 2 * 2
@@ -229,10 +292,12 @@ def kv_cache_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int, 
 
 
 def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
-                  prefill_chunk: int, expanded: int = 0) -> int:
+                  prefill_chunk: int, expanded: int = 0, logit_rows: int | None = None) -> int:
     """float32 buffers of one forward pass (see the module docstring); expanded: elements of
-    the largest weight a prefill chunk expands to float32."""
-    verify_logits = n_parallel * (max_k + 1) * args.vocab_size
+    the largest weight a prefill chunk expands to float32; logit_rows: rows of logits held
+    (default: every slot's verification rows, n_parallel * (max_k + 1))."""
+    rows = n_parallel * (max_k + 1) if logit_rows is None else logit_rows
+    verify_logits = rows * args.vocab_size
     chunk = min(prefill_chunk, ctx_size)
     activations = chunk * max(3 * args.ffn_dim, args.n_heads * ctx_size)
     rope = (ctx_size + max_k + 1) * args.head_dim  # cos and sin, head_dim/2 each
@@ -240,7 +305,8 @@ def working_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
 
 
 def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
-                  prefill_chunk: int, threads: int = 0, float_rows: bool = False) -> int:
+                  prefill_chunk: int, threads: int = 0, float_rows: bool = False,
+                  logit_rows: int | None = None) -> int:
     """Working buffers when every layer runs in C (kernels/forward.c, native mode): a pass of
     `chunk` rows allocates the normed input (max of dim, q width, ffn_dim), q, k, v, the
     attention output, the residual update, gate and up, all float32, plus the quantized
@@ -257,7 +323,7 @@ def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
         + 2 * args.ffn_dim
     group = args.n_heads // args.n_kv_heads  # query heads per key/value head
     scores = (threads or os.cpu_count() or 1) * group * (ctx_size + max_k + 10)
-    return (working_bytes(args, ctx_size, n_parallel, max_k, 0)
+    return (working_bytes(args, ctx_size, n_parallel, max_k, 0, logit_rows=logit_rows)
             + 4 * int(math.ceil(chunk * per_row) + scores))
 
 
@@ -303,39 +369,57 @@ def available_memory() -> tuple[int, str]:
 
 def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
          available: int | None = None, embeddings: bool = False,
-         pool_tokens: int = 0) -> MemoryPlan:
+         pool_tokens: int = 0, draft_vocab: int = 0) -> MemoryPlan:
     """The memory the engine will hold for these models under `cfg` (context, slots, weights,
     dtype, prefill chunk), with max_k spare positions per slot; `available` overrides the
     probe. embeddings (--embedding, --reranking): the target's KV also counts Engine.embed's
     caches, --batch-size positions kept for one-pass inputs and one slot's context for a long
-    input pooled last (embedding.py). pool_tokens: the suffix pool's budget (counted full)."""
+    input pooled last (embedding.py). pool_tokens: the suffix pool's budget (counted full).
+    draft_vocab: a draft model's shortlist (--spec-draft-vocab; 0: it reads every row).
+
+    The models' passes run one at a time (one worker steps the engine), so only the largest
+    pass's buffers are counted, in its model's row; each row keeps its own persistent working
+    memory (logits, rope tables, vocabulary)."""
     if not isinstance(max_k, int) or max_k < 0:
         raise TandemError(f"max drafted tokens must be an integer >= 0, got {max_k!r}")
     # the most rows a pass holds: a prompt chunk read alone (or --batch-size, if larger)
     ctx, slots, chunk = cfg.ctx_size, cfg.n_parallel, max(cfg.prefill_chunk, cfg.batch_size)
-    rows = []
+    rows, passes = [], []
     for spec in models:
-        eff_mode, el = held_as(spec, cfg.numerics(spec.role))
+        numerics = cfg.numerics(spec.role)
+        eff_mode, el = held_as(spec, numerics)
         kv_el = [CACHE_TYPES[t] for t in cfg.cache_types(spec.role)]
         kv = kv_cache_bytes(spec.args, ctx, slots, max_k, kv_el[0], cfg.kv_unified, kv_el[1])
         if embeddings and spec.role == "target":
             kv += sum(kv_cache_bytes(spec.args, n, 1, 0, kv_el[0], False, kv_el[1])
                       for n in (cfg.batch_size, ctx))
+        draft = spec.role == "draft"
+        logit_rows = slots if draft else None  # a draft's logits: one row a slot
+        persistent = working_bytes(spec.args, ctx, slots, max_k, 0, logit_rows=logit_rows)
+        if c_layers(spec, eff_mode):
+            full = c_layer_bytes(spec.args, ctx, slots, max_k, chunk, logit_rows=logit_rows,
+                                 float_rows=any(t in ("F16", "BF16")
+                                                for t, _ in spec.tensors.values()))
+        else:
+            full = working_bytes(spec.args, ctx, slots, max_k, chunk,
+                                 0 if (eff_mode, el) == ("dense", 4)
+                                 else largest_layer_weight(spec.tensors), logit_rows=logit_rows)
+        passes.append(full - persistent)
+        from .kernels import REPACK_FROM
+
         rows.append(PlanRow(
             spec.role, spec.name,
             f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
             f"GGUF blocks in place + {_dtype_name(el)}" if eff_mode == "native" else
             f"dense {_dtype_name(el)}",
-            weight_bytes(spec.tensors, eff_mode, el),
-            kv,
-            c_layer_bytes(spec.args, ctx, slots, max_k, chunk,
-                          float_rows=any(t in ("F16", "BF16") for t, _ in spec.tensors.values()))
-            if c_layers(spec, eff_mode) else
-            working_bytes(spec.args, ctx, slots, max_k, chunk,
-                          0 if (eff_mode, el) == ("dense", 4) else largest_layer_weight(spec.tensors)),
-            cfg.cache_types(spec.role),
+            weight_bytes(spec.tensors, eff_mode, el, draft_vocab if draft else 0,
+                         REPACK_FROM if numerics.bits == 8 else ()),
+            kv, persistent, cfg.cache_types(spec.role),
             matrix_kernels(spec.tensors) if eff_mode == "native" and spec.source == "gguf" else "",
         ))
+    if passes:  # the largest pass, in its model's row
+        big = max(range(len(passes)), key=passes.__getitem__)
+        rows[big].working += passes[big]
     if available is None:
         available, source = available_memory()
     else:
@@ -346,11 +430,9 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
     if embeddings:
         settings += ", embeddings' caches"
     ram = cfg.cache_ram_bytes(available)
-    settings += (", no host prompt cache" if ram == 0 else
-                 ", host prompt cache as it grows, no limit (--cache-ram -1)" if ram is None else
-                 f", host prompt cache up to {ram >> 20} MiB as it grows (--cache-ram)")
-    return MemoryPlan(rows, TORCH_RUNTIME_BYTES, available, source, settings,
-                      pool_tokens * POOL_BYTES_PER_TOKEN)
+    settings += ", no host prompt cache" if ram == 0 else ""
+    return MemoryPlan(rows, RUNTIME_BYTES, available, source, settings,
+                      pool_tokens * POOL_BYTES_PER_TOKEN, ram)
 
 
 def _dtype_name(el: int) -> str:

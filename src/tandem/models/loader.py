@@ -378,8 +378,8 @@ def load_gguf(path: Path, numerics: Numerics, max_len: int) -> LoadedModel:
         raw = g.tensors.get(name)
         if mode != "native" or raw is None or not native_ok(raw):
             return None  # read whole (dense) by get()
-        return (GGUFEmbedding(raw, threads),
-                GGUFLinear(raw, bits=bits, threads=threads, prompt_rows=prompt_rows))
+        tied = GGUFLinear(raw, bits=bits, threads=threads, prompt_rows=prompt_rows)
+        return GGUFEmbedding(raw, threads, tied if args.tie_embeddings else None), tied
 
     try:
         model = _build(args, get, linear, dt, max_len, GGUF_NAMES, numerics, embedding)

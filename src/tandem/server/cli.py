@@ -230,6 +230,7 @@ def _fail(state, server, outcome: dict, message: str, code: int) -> None:
 
 def _load_models(state) -> None:
     from ..check import memory_plan
+    from ..memory import fmt_bytes, resident
     from ..speculative.compat import check_compatible
     from .worker import Worker
 
@@ -241,9 +242,13 @@ def _load_models(state) -> None:
                       mmproj=s.mmproj)
     for line in mem.format().splitlines():
         log.info("%s", line)
+    state.memory_plan = mem
+    log.info("memory before loading: %s resident (the plan's runtime line: %s)",
+             fmt_bytes(resident().get("resident", 0)), fmt_bytes(mem.runtime))
     if not mem.fits:
-        raise TandemError("the memory plan does not fit: lower --ctx-size or --parallel, or "
-                          "use a smaller model")
+        raise TandemError(f"the memory plan does not fit: it needs {fmt_bytes(mem.total)}, "
+                          f"{fmt_bytes(mem.available)} is available ({mem.available_source}); "
+                          "lower --ctx-size or --parallel, or use a smaller model")
     engine = flags.load_engine(s.model, s.model_draft, cfg, spec, log=log.info)
     if s.mmproj is not None:  # the target's image encoder
         from ..models.vision import load_mmproj

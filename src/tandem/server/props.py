@@ -2,7 +2,8 @@
 POST /tokenize and POST /detokenize (llama.cpp's).
 
     GET  /health            503 {"error": {"message": "Loading model"}} while loading, then 200
-    GET  /props             default generation settings, total_slots, model path, speculation
+    GET  /props             default generation settings, total_slots, model path, speculation,
+                            the memory plan beside the process's resident memory
     GET  /metrics           Prometheus text (metrics.py; off without --metrics)
     POST /tokenize          {"content": str, "add_special": bool} -> {"tokens": [...]}
     POST /detokenize        {"tokens": [...]} -> {"content": str}
@@ -84,7 +85,17 @@ async def props(http: HttpRequest):
         "media_marker": images.marker(),
         "build_info": "tandem",
         "cors_proxy_enabled": state.settings.ui_mcp_proxy,
+        "memory": _memory(state),
     }
+
+
+def _memory(state: ServerState) -> dict:
+    """Tandem's: the memory plan printed before loading, beside what the process holds now
+    and held at its peak (bytes)."""
+    from ..memory import resident
+
+    plan = state.memory_plan
+    return {"plan": None if plan is None else plan.as_json(), **resident()}
 
 
 @router.get("/metrics")

@@ -20,6 +20,7 @@ class ServerState:
     draft_path: str | None = None
     created: int = 0  # unix time the models were ready (OpenAI's "created")
     tools: object | None = None  # agent.tools.Toolbox with --tools, else /tools answers 403
+    memory_plan: object | None = None  # tandem.memory.MemoryPlan, printed before loading
 
     @property
     def model_name(self) -> str:
