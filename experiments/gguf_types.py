@@ -50,9 +50,11 @@ def prompt_text() -> str:
     return f"Explain what this C code does:\n{code}"
 
 
-def model_file(typ: str, src: Path, quant_dir: Path, llama_bin: Path, log: Path) -> Path:
+def model_file(typ: str, src: Path, quant_dir: Path, llama_bin: Path, log: Path,
+               imatrix: Path | None = None) -> Path:
     """The GGUF file of type typ: the source itself for its own type, else quant_dir/qwen-TYPE.gguf,
-    made by llama-quantize when it is not there yet."""
+    made by llama-quantize when it is not there yet (with the importance matrix `imatrix`,
+    which llama-quantize requires for IQ1_* and IQ2_*)."""
     if typ == SRC_TYPE and src.resolve() == DEFAULT_SRC.resolve():
         return src
     out = quant_dir / f"qwen-{typ}.gguf"
@@ -60,8 +62,10 @@ def model_file(typ: str, src: Path, quant_dir: Path, llama_bin: Path, log: Path)
         quant_dir.mkdir(parents=True, exist_ok=True)
         print(f"{typ}: quantizing {src} -> {out}", flush=True)
         with open(log, "a", encoding="utf-8") as f:
-            subprocess.run([str(llama_bin / "llama-quantize"), "--allow-requantize", str(src),
-                            str(out), typ, "2"], stdout=f, stderr=subprocess.STDOUT, check=True)
+            im = ["--imatrix", str(imatrix)] if imatrix else []
+            subprocess.run([str(llama_bin / "llama-quantize"), "--allow-requantize", *im,
+                            str(src), str(out), typ, "2"], stdout=f, stderr=subprocess.STDOUT,
+                           check=True)
     return out
 
 
@@ -222,6 +226,9 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--greedy-check", action=argparse.BooleanOptionalAction, default=True,
                     help="also compare Tandem's greedy text with and without speculation")
+    ap.add_argument("--imatrix", type=Path, default=None,
+                    help="an importance matrix for llama-quantize (llama-imatrix's output; "
+                         "IQ1_* and IQ2_* need one)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.src, a.quant_dir = a.src.expanduser(), a.quant_dir.expanduser()
@@ -231,7 +238,7 @@ def main() -> int:
     for typ in a.types.split(","):
         print(f"{typ}:", flush=True)
         try:
-            path = model_file(typ, a.src, a.quant_dir, a.llama_bin, log)
+            path = model_file(typ, a.src, a.quant_dir, a.llama_bin, log, a.imatrix)
             results[typ] = measure(path, a, log)
             if a.greedy_check:
                 results[typ]["greedy"] = greedy_check(path, a)

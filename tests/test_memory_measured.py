@@ -116,3 +116,19 @@ def test_embedding_lookups_leave_no_pages_of_the_table_resident(tmp_path):
     assert not tied.release  # Q8_0: the output projection reads the file's blocks in place
     np.testing.assert_array_equal(tied[ids].numpy(), expected)
     assert _mapped_rss(g.path) > 1 << 20
+
+
+def test_a_server_whose_plan_does_not_fit_refuses_to_load_with_the_numbers(tmp_path):
+    """Refused before any weight is read: the plan's total against what is available."""
+    import subprocess
+
+    from tests.servers import SERVE, free_port
+
+    path = tiny.write_gguf(tiny.hf_model("qwen2"), tmp_path / "m.gguf", "qwen2")
+    r = subprocess.run([*SERVE, "-m", str(path), "--ctx-size", str(2**34), "--port",
+                        str(free_port())], capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "fits: NO" in out
+    assert "the memory plan does not fit: it needs" in out and "is available (MemAvailable)" in out
+    assert "loaded in" not in out  # nothing was loaded
