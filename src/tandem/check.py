@@ -148,7 +148,7 @@ def _inspect_gguf(role: str, path: Path) -> ModelInfo:
     g = GGUFFile(path)
     args = args_from_gguf(g)
     tok = Tokenizer.from_gguf_metadata(g.metadata)
-    return ModelInfo(path, args, ModelSpec.from_gguf(role, g, args), tok, path.stat().st_size)
+    return ModelInfo(path, args, ModelSpec.from_gguf(role, g, args), tok, g.size_on_disk)
 
 
 def _inspect_hf(role: str, path: Path) -> ModelInfo:
