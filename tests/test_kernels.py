@@ -399,13 +399,13 @@ def test_any_rows_repacked_give_those_rows_bits(qtype):
 
 
 def test_repack_takes_what_its_kernels_compute():
-    """Only int8 Q4_K / Q6_K / Q4_0 / Q5_0 products are repacked (a partial group padded with
+    """Only int8 products of the grouped types are repacked (a partial group padded with
     zero rows); the kernels refuse int16 activations for the repacked types (they exist for
     int8 only), naming the call, and finer activation blocks than 32 for Q4_0 / Q5_0's."""
     raw = _tensor(QT.Q4_K, 48, 512)
     assert kernels.repack("Q4_K", raw.data, 48, 512, 16) is None
     assert kernels.repack("Q5_0", _tensor(QT.Q5_0, 48, 512).data, 48, 512, 16) is None
-    for other in (QT.Q5_K, QT.Q8_0, QT.Q4_1, QT.Q5_1):
+    for other in (QT.Q8_0, QT.Q4_1, QT.Q5_1):
         assert kernels.repack(other.name, _tensor(other, 48, 512).data, 48, 512, 8) is None
     kind5, packed5 = kernels.repack("Q5_0", _tensor(QT.Q5_0, 40, 96).data, 40, 96, 8)
     assert kind5 == "Q5_0x16" and packed5.shape == (48, 3 * 22)
@@ -428,13 +428,13 @@ def test_repack_takes_what_its_kernels_compute():
 
 def test_fine_activation_blocks_where_the_kernels_have_them():
     """A linear asked for int8 blocks of 64 (the down projection under --activations
-    int8-down64) gets them where its weights are repacked (Q4_K, Q6_K); a type whose own block
-    is no larger (Q8_0, and Q5_0 in its groups: 32) keeps int8 at its block; one with larger
-    blocks and no grouped kernel (Q5_K) rounds to int16 instead, never coarser than asked."""
+    int8-down64) gets them where its weights are repacked (Q4_K, Q5_K, Q6_K); a type whose own
+    block is no larger (Q8_0, and Q5_0 in its groups: 32) keeps int8 at its block (one with
+    larger blocks and no grouped kernel, Q3_K: int16, tests/test_kernels_xk.py)."""
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
     x[:, 5] *= 40
     for qtype, want in ((QT.Q4_K, (8, 64)), (QT.Q6_K, (8, 64)), (QT.Q8_0, (8, 0)),
-                        (QT.Q5_0, (8, 0)), (QT.Q5_K, (16, 0))):
+                        (QT.Q5_0, (8, 0)), (QT.Q5_K, (8, 64))):
         raw = _tensor(qtype, 32, 512, seed=1)
         lin = GGUFLinear(raw, bits=8, act_block=64)
         assert lin.rounding() == want, qtype

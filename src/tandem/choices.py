@@ -41,14 +41,15 @@ KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
 
 # which kernel reads each KERNEL_TYPES matrix (the memory plan and `tandem check` name it)
 KERNEL_OF = {
-    **dict.fromkeys(("Q4_K", "Q6_K"), "K-quant kernels, int8 in 16-row groups, prompt kernel"),
-    "Q5_K": "K-quant kernels, prompt kernel",
+    **dict.fromkeys(("Q4_K", "Q5_K", "Q6_K"),
+                    "K-quant kernels, int8 in 16-row groups, prompt kernel"),
     **dict.fromkeys(("Q4_0", "Q5_0"), "row kernels, int8 in 16-row groups"),
     **dict.fromkeys(("Q4_1", "Q5_1", "IQ4_NL"), "row kernels"),
     **dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
                      "TQ1_0", "TQ2_0"), "row kernels"),  # kernels/rowdoti.c
     "Q8_0": "row kernels, prompt kernel",
-    **dict.fromkeys(("Q2_K", "Q3_K", "IQ4_XS"), "row kernels, prompt kernel"),
+    **dict.fromkeys(("Q2_K", "IQ4_XS"), "row kernels, int8 in 16-row groups, prompt kernel"),
+    "Q3_K": "row kernels, prompt kernel",
     **dict.fromkeys(("F16", "BF16"), "float kernels, tiled prompt kernel"),
 }
 # what a matrix of a type outside KERNEL_TYPES costs in native mode

@@ -38,11 +38,13 @@ from ..errors import TandemError
 from . import grids
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "rowdotn.c",
+SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "rowdotxk.c",
+                              "rowdotn.c",
                               "rowdoti.c", "gemm.c",
                               "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
-HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx_avx2.h", "iquants.h")]
+HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx.h", "rowdotx_avx2.h",
+                              "rowdotxk_avx2.h", "iquants.h")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # The builds of the same sources: name -> (extra compiler flags, CPU flags it needs). Every
@@ -202,7 +204,8 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, c_int, i64]
     lib.tq_matmul.restype = c_int
-    for fn in (lib.tq_repack_q4kx, lib.tq_repack_q6kx):
+    for fn in (lib.tq_repack_q4kx, lib.tq_repack_q5kx, lib.tq_repack_q6kx, lib.tq_repack_q2kx,
+               lib.tq_repack_iq4xsx):
         fn.argtypes, fn.restype = [ptr, i64, i64, ptr], c_int
     lib.tq_repack_q50x.argtypes, lib.tq_repack_q50x.restype = [ptr, i64, i64, ptr, c_int], c_int
     lib.tq_dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
@@ -284,13 +287,17 @@ def _threads(n: int) -> int:
     return min(n, _thread_cap) if _thread_cap else n
 
 
-# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K, Q6_K, Q4_0
-# and Q5_0 in groups of 16 rows for int8 activations (rowdotx.c), the same bytes rearranged.
-REPACKED_TYPES = {"Q4_Kx16": 112, "Q6_Kx16": 114, "Q4_0x16": 102, "Q5_0x16": 106}
-REPACK_FROM = {"Q4_K": "Q4_Kx16", "Q6_K": "Q6_Kx16", "Q4_0": "Q4_0x16", "Q5_0": "Q5_0x16"}
+# Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K, Q5_K, Q6_K,
+# Q4_0, Q5_0 (rowdotx.c), Q2_K and IQ4_XS (rowdotxk.c) in groups of 16 rows for int8
+# activations, the same bytes rearranged.
+REPACKED_TYPES = {"Q4_Kx16": 112, "Q5_Kx16": 113, "Q6_Kx16": 114, "Q4_0x16": 102,
+                  "Q5_0x16": 106, "Q2_Kx16": 110, "IQ4_XSx16": 123}
+REPACK_FROM = {t.removesuffix("x16"): t for t in REPACKED_TYPES}
+_REPACK_FN = {"Q4_K": "tq_repack_q4kx", "Q5_K": "tq_repack_q5kx", "Q6_K": "tq_repack_q6kx",
+              "Q2_K": "tq_repack_q2kx", "IQ4_XS": "tq_repack_iq4xsx"}  # Q4_0, Q5_0: q50x
 # values per weight block of the repacked types (activation blocks finer than 256 only for
 # the K-quants': the 32-weight types' activations already have a scale per 32)
-REPACKED_BLOCK = {"Q4_Kx16": 256, "Q6_Kx16": 256, "Q4_0x16": 32, "Q5_0x16": 32}
+REPACKED_BLOCK = {t: 32 if t.startswith(("Q4_0", "Q5_0")) else 256 for t in REPACKED_TYPES}
 # values per int8 activation block that the 16-row group types also take (tq_matmul_check)
 ACT_BLOCKS = (32, 64, 128)
 
@@ -298,7 +305,7 @@ ACT_BLOCKS = (32, 64, 128)
 def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
     """(type, blocks) of the kernels' faster layout for a linear of GGUF blocks whose activations
     are rounded to `bits`, or None where it has none (then the GGUF blocks are used in place).
-    Q4_K, Q6_K, Q4_0 and Q5_0 with int8 activations: rowdotx.c's 16-row groups (a copy of the
+    Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q2_K and IQ4_XS with int8 activations: 16-row groups (a copy of the
     same size: the file's pages are then no longer read); N not a multiple of 16 gets zero
     rows after its own (the caller keeps the first N outputs). A row's result does not depend
     on the rows grouped with it, so any subset of a matrix's rows repacked gives those rows'
@@ -314,8 +321,7 @@ def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tup
     if type_name in ("Q4_0", "Q5_0"):
         rc = lib.tq_repack_q50x(src.ctypes.data, n, k, out.ctypes.data, int(type_name == "Q5_0"))
     else:
-        fn = lib.tq_repack_q4kx if type_name == "Q4_K" else lib.tq_repack_q6kx
-        rc = fn(src.ctypes.data, n, k, out.ctypes.data)
+        rc = getattr(lib, _REPACK_FN[type_name])(src.ctypes.data, n, k, out.ctypes.data)
     if rc != 0:
         raise TandemError(f"repacking {type_name} (N={n}, K={k}) failed")
     return REPACK_FROM[type_name], out

@@ -26,7 +26,14 @@
  *   [256, 2304) the quants: vector (j, p) (p = 0..3) at 256 + 64 (4j + p), byte 4r + i:
  *               q[32j + 4p + i] in the low nibble, q[32j + 16 + 4p + i] in the high one
  * Group g's super-block sb is at (g * nsb + sb) * 2304: a group is 16 rows' bytes, in place of
- * those rows. */
+ * those rows.
+ *
+ * Q5_K (T_Q5_KX, 2816 bytes = 16 x 176): the same 2304 bytes of its low four bits, then
+ *   [2304, 2816) the fifth bits: vector (j, p) has two 64-bit masks (little-endian) at
+ *               2304 + 16 (4j + p) + 8h, bit 4r + i the fifth bit of q[32j + 16h + 4p + i]
+ * q = 0..31: sums of 16 products no longer fit the int16 word that vpdpwssd takes, so the
+ * AVX-512 code sums a sub-block's 32 in int32 and multiplies by sc_j (vpmulld); the integers,
+ * and so the bits, are those of AVX2's maddubs + madd. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,6 +41,7 @@
 #include "blocks.h"
 
 #define XB 2304 /* bytes of a group's super-block */
+#define XBK(five) ((five) ? 2816 : XB) /* Q5_K's */
 /* Prefetch PF_BYTES ahead, a sub-block's four lines at a time: one burst of a super-block's 36
  * lines (PF_BLOCK) was slower and less steady from memory than the lines spread out
  * (experiments/kernel_bench.c, Zen 4, 2 threads) */
@@ -41,17 +49,19 @@
 
 /* The GGUF Q4_K rows (N % 16 == 0, row_bytes each) into the layout above (dst: as many bytes).
  * Returns 0, or -1 when N is not a multiple of 16 or K of 256. */
-int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
+static int repack_k45(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int five) {
     if (N % 16 || K % 256 || N <= 0)
         return -1;
-    const int64_t nsb = K / 256, rb = nsb * 144;
+    const int bs = five ? 176 : 144, xb = XBK(five);
+    const int64_t nsb = K / 256, rb = nsb * bs;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < N / 16; g++)
         for (int64_t sb = 0; sb < nsb; sb++) {
-            uint8_t *o = dst + (g * nsb + sb) * XB;
-            memset(o, 0, XB);
+            uint8_t *o = dst + (g * nsb + sb) * xb;
+            memset(o, 0, xb);
             for (int r = 0; r < 16; r++) {
-                const uint8_t *b = src + (16 * g + r) * rb + sb * 144, *s = b + 4, *qs = b + 16;
+                const uint8_t *b = src + (16 * g + r) * rb + sb * bs, *s = b + 4;
+                const uint8_t *qh = b + 16, *qs = b + 16 + 32 * five;
                 memcpy(o + 2 * r, b, 2);
                 memcpy(o + 32 + 2 * r, b + 2, 2);
                 uint8_t sc[8], mn[8];
@@ -67,16 +77,29 @@ int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
                     o[192 + 16 * t + r] = (sc[2 * t] >> 4) | (sc[2 * t + 1] >> 4) << 2 |
                                           (mn[2 * t] >> 4) << 4 | (mn[2 * t + 1] >> 4) << 6;
                 uint8_t q[256]; /* weight w: chunk c = w / 64, byte 32c + w % 32, nibble by bit 5 */
-                for (int w = 0; w < 256; w++)
-                    q[w] = (qs[32 * (w / 64) + w % 32] >> (w % 64 >= 32 ? 4 : 0)) & 15;
+                for (int w = 0; w < 256; w++) /* Q5_K's fifth bit: qh[w % 32] bit w / 32 */
+                    q[w] = ((qs[32 * (w / 64) + w % 32] >> (w % 64 >= 32 ? 4 : 0)) & 15) |
+                           (five ? (qh[w % 32] >> (w / 32) & 1) << 4 : 0);
                 for (int j = 0; j < 8; j++)
                     for (int p = 0; p < 4; p++)
-                        for (int i = 0; i < 4; i++)
-                            o[256 + 64 * (4 * j + p) + 4 * r + i] =
-                                q[32 * j + 4 * p + i] | q[32 * j + 16 + 4 * p + i] << 4;
+                        for (int i = 0; i < 4; i++) {
+                            const int a = 32 * j + 4 * p + i, bit = 4 * r + i;
+                            o[256 + 64 * (4 * j + p) + bit] = (q[a] & 15) | (q[a + 16] & 15) << 4;
+                            for (int h = 0; h < 2 && five; h++)
+                                if (q[a + 16 * h] >> 4)
+                                    o[XB + 16 * (4 * j + p) + 8 * h + bit / 8] |= 1 << bit % 8;
+                        }
             }
         }
     return 0;
+}
+
+int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
+    return repack_k45(src, N, K, dst, 0);
+}
+
+int tq_repack_q5kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
+    return repack_k45(src, N, K, dst, 1);
 }
 
 /* Q6_K in 16-row groups (T_Q6_KX), a group's super-block in 3360 bytes (16 x 210):
@@ -177,63 +200,9 @@ int tq_repack_q50x(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int f
     return 0;
 }
 
-static inline int32_t load32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* the four dwords (b_2t | b_2t+1 << 16), t = 0..3, of one super-block's 32-group sums b_j of the
- * int8 activations (from the 16 per-16 sums at bs) */
-static inline void group_pairs(const int16_t *bs, int32_t out[4]) {
-    const __m256i b8 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs),
-                                         _mm256_set1_epi16(1)); /* b_0..b_7 */
-    int32_t b[8];
-    _mm256_storeu_si256((__m256i *)b, b8);
-    for (int t = 0; t < 4; t++)
-        out[t] = (int32_t)(((uint32_t)b[2 * t] & 0xFFFF) | (uint32_t)b[2 * t + 1] << 16);
-}
-
-/* the activation sums of a pair (b_2t | b_2t+1 << 16) that the block ending at sub-block j
- * takes: both, or with one sub-block per block (P = 1) only b_j, the other word zero */
-static inline int32_t pair_of(int32_t bp, int j, int P) {
-    return P > 1 ? bp : (int32_t)((uint32_t)bp & (j % 2 ? 0xFFFF0000u : 0xFFFFu));
-}
+#include "rowdotx.h"
 
 #if TQ_AVX512
-/* 16 unsigned bytes -> 16 dwords, and 16 f16 -> 16 floats (SIMDe 0.7.4 has neither at 512 bits:
- * two 256-bit halves, the same values) */
-static inline __m512i u8_epi32(const uint8_t *p) {
-#ifdef TQ_SIMDE
-    const __m128i b = _mm_loadu_si128((const __m128i *)p);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(b)),
-                              _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), 1);
-#else
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-#endif
-}
-
-static inline __m512i i8_epi32(const uint8_t *p) { /* 16 signed bytes -> 16 dwords */
-#ifdef TQ_SIMDE
-    const __m128i b = _mm_loadu_si128((const __m128i *)p);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(b)),
-                              _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)), 1);
-#else
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-#endif
-}
-
-static inline __m512 f16_ps(const uint8_t *p) {
-#ifdef TQ_SIMDE
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
-                                               _mm256_castps_pd(hi), 1));
-#else
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#endif
-}
-
 /* the byte vectors sc_j (j = 0..3 or 4..7 as 128-bit lanes) from L (four L[j]) and H (four H[t]) */
 static inline __m512i x_scales(__m512i L, __m512i Hx, __m512i sh, int mins) {
     const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3);
@@ -242,21 +211,25 @@ static inline __m512i x_scales(__m512i L, __m512i Hx, __m512i sh, int mins) {
     return _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
 }
 
-/* One 16-row group (its first super-block at w) against activation rows [0, mr): y[m][r] */
+/* One 16-row Q4_K (Q5_K: five) group (its first super-block at w) against activation rows
+ * [0, mr): y[m][r] */
 static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w, int64_t nsb,
                                                                const acts8_t *A, int mr,
-                                                               float (*y)[16], const int P) {
+                                                               float (*y)[16], const int P,
+                                                               const int five) {
     __m512 acc[MR];
     for (int m = 0; m < mr; m++)
         acc[m] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), c16 = _mm512_set1_epi8(16);
     /* per 128-bit lane: H[t] of sub-blocks 2t (shift 0) and 2t + 1 (shift 2); +4: the mins */
     const __m512i sh = _mm512_set_epi64(0x0002000200020002LL, 0x0002000200020002LL, 0, 0,
                                         0x0002000200020002LL, 0x0002000200020002LL, 0, 0);
     const __m512i sh4 = _mm512_add_epi16(sh, _mm512_set1_epi16(4));
-    for (int64_t sb = 0; sb < nsb; sb++, w += XB) {
+    for (int64_t sb = 0; sb < nsb; sb++, w += XBK(five)) {
         for (int pf = 0; pf < 256; pf += 64) /* the header's lines; each sub-block's below */
             _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+        for (int pf = 0; pf < 512 * five; pf += 64) /* Q5_K's fifth bits */
+            _mm_prefetch((const char *)w + XPF + XB + pf, _MM_HINT_T0);
         const __m512 d = f16_ps(w), dmin = f16_ps(w + 32);
         const __m512i L0 = _mm512_loadu_si512((const void *)(w + 64));
         const __m512i L1 = _mm512_loadu_si512((const void *)(w + 128));
@@ -286,8 +259,24 @@ static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w,
                 const __m512i P = _mm512_loadu_si512((const void *)(w + 256 + 64 * (4 * j + p)));
                 lo[p] = _mm512_and_si512(P, m4);
                 hi[p] = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
+                if (five) {
+                    uint64_t ml, mh;
+                    memcpy(&ml, w + XB + 16 * (4 * j + p), 8);
+                    memcpy(&mh, w + XB + 16 * (4 * j + p) + 8, 8);
+                    lo[p] = _mm512_mask_add_epi8(lo[p], (__mmask64)ml, lo[p], c16);
+                    hi[p] = _mm512_mask_add_epi8(hi[p], (__mmask64)mh, hi[p], c16);
+                }
             }
-            for (int m = 0; m < mr; m++) {
+            for (int m = 0; m < mr && five; m++) { /* Q5_K: the 32 products in int32 */
+                const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j;
+                __m512i t = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++)
+                    t = _mm512_dpbusd_epi32(t, lo[p], _mm512_set1_epi32(load32(x + 4 * p)));
+                for (int p = 0; p < 4; p++)
+                    t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
+                S[m] = _mm512_add_epi32(S[m], _mm512_mullo_epi32(t, sc));
+            }
+            for (int m = 0; m < mr && !five; m++) {
                 const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j;
                 __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(load32(x)));
                 for (int p = 1; p < 4; p++)
@@ -427,15 +416,17 @@ static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *
 
 /* the kernels above for P = 1, 2, 4, 8 sub-blocks per activation block (a compile-time constant) */
 static void group_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
-                       int P) {
+                       int P, int five) {
+#define GROUP_P(p) (five ? group_rows_p(w, nsb, A, mr, y, p, 1) : group_rows_p(w, nsb, A, mr, y, p, 0))
     if (P == 8)
-        group_rows_p(w, nsb, A, mr, y, 8);
+        GROUP_P(8);
     else if (P == 4)
-        group_rows_p(w, nsb, A, mr, y, 4);
+        GROUP_P(4);
     else if (P == 2)
-        group_rows_p(w, nsb, A, mr, y, 2);
+        GROUP_P(2);
     else
-        group_rows_p(w, nsb, A, mr, y, 1);
+        GROUP_P(1);
+#undef GROUP_P
 }
 
 static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
@@ -477,8 +468,10 @@ void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, cons
                 group_rows50(w, A->K / 32, &B, mr, out, type == T_Q5_0X);
             else if (type == T_Q6_KX)
                 group_rows6(w, nsb, &B, mr, out, per);
+            else if (type == T_Q2_KX || type == T_IQ4_XSX)
+                xk_group(type, w, nsb, &B, mr, out, per);
             else
-                group_rows(w, nsb, &B, mr, out, per);
+                group_rows(w, nsb, &B, mr, out, per, type == T_Q5_KX);
             for (int m = 0; m < mr; m++)
                 for (int r = 0; r < 16; r++)
                     y[(m0 + m) * N + n + r] = out[m][r] + (bias ? bias[n + r] : 0.f);

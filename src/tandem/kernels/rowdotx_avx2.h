@@ -1,20 +1,7 @@
-/* The AVX2 build's kernels of Q4_K and Q6_K in 16-row groups (rowdotx.c includes this file
- * once, after its shared helpers: load32, group_pairs, pair_of; XB, XB6, XPF, MR). */
+/* The AVX2 build's kernels of Q4_K, Q5_K and Q6_K in 16-row groups (rowdotx.c includes this file
+ * once, after its shared helpers: load32, group_pairs, pair_of; XB, XBK, XB6, XPF, MR). */
 #ifndef TQ_ROWDOTX_AVX2_H
 #define TQ_ROWDOTX_AVX2_H
-
-/* XBLOCK[mr][m0]: how many of mr activation rows, from row m0, one pass over a super-block's
- * unpacked weights takes (16 vector registers: blocks of 1 to 4 rows, each size a compile-time
- * constant so that its sums stay in registers). The blocking moves no bits: each row's sums
- * and float steps are the same in any block. Against the earlier fixed blocks of 3 the row
- * counts that split unevenly (4, 7, 8, 10) gained most; blocks of 5 or 4 + 2 were no better
- * (bench/results/verify-row-blocks). */
-#ifndef XBLOCK_TABLE
-#define XBLOCK_TABLE {{0}, {1}, {2}, {3}, {4}, {3, 0, 0, 2}, {3, 0, 0, 3}, {4, 0, 0, 0, 3}, \
-                      {4, 0, 0, 0, 4}, {3, 0, 0, 3, 0, 0, 3}, {4, 0, 0, 0, 3, 0, 0, 3}}
-#endif
-_Static_assert(MR == 10, "XBLOCK has a row for every mr up to MR");
-static const int8_t XBLOCK[MR + 1][MR] = XBLOCK_TABLE;
 
 /* A super-block's scales and mins as bytes, sc[j][r] and mn[j][r] (sub-block j, row r), two
  * sub-blocks per vector: L[2v], L[2v + 1] against H[v] (bits 0-1 / 2-3 the scales' high bits,
@@ -33,9 +20,14 @@ static inline void x_scale_bytes(const uint8_t *w, uint8_t sc[8][16], uint8_t mn
     }
 }
 
-/* rows 8h..8h + 7 of 16 bytes as dwords */
-static inline __m256i bytes8_epi32(const uint8_t *b, int h) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h)));
+/* 32 bytes: 0x10 where bit i of `bits` is set (byte i), else 0 */
+static inline __m256i x_bits16(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
 /* Activation rows m0 .. m0 + R - 1 (R a compile-time constant: S stays in registers) against
@@ -46,7 +38,7 @@ static inline __attribute__((always_inline)) void q4_block(const uint8_t *w, int
                                                            const int P, const __m256i *sc,
                                                            const __m256i *mnp, int32_t (*bp)[4],
                                                            __m256 d, __m256 ndmin,
-                                                           __m256 (*acc)[2]) {
+                                                           __m256 (*acc)[2], const int five) {
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256i S[4];
     for (int i = 0; i < R; i++)
@@ -62,6 +54,11 @@ static inline __attribute__((always_inline)) void q4_block(const uint8_t *w, int
                     (const __m256i *)(w + 256 + 64 * (4 * j + p) + 32 * h));
                 q[p] = half ? _mm256_and_si256(_mm256_srli_epi16(P4, 4), m4)
                             : _mm256_and_si256(P4, m4);
+                if (five) { /* Q5_K: 8 products of <= 31 * 127 still fit a word */
+                    uint64_t mb;
+                    memcpy(&mb, w + XB + 16 * (4 * j + p) + 8 * half, 8);
+                    q[p] = _mm256_or_si256(q[p], x_bits16((uint32_t)(mb >> 32 * h)));
+                }
             }
             for (int i = 0; i < R; i++) {
                 const int8_t *x = A->q + (m0 + i) * A->K + 256 * sb + 32 * j + 16 * half;
@@ -91,13 +88,14 @@ static inline __attribute__((always_inline)) void q4_block(const uint8_t *w, int
 
 static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w, int64_t nsb,
                                                                const acts8_t *A, int mr,
-                                                               float (*y)[16], const int P) {
+                                                               float (*y)[16], const int P,
+                                                               const int five) {
     __m256 acc[MR][2];
     for (int m = 0; m < mr; m++)
         acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    for (int64_t sb = 0; sb < nsb; sb++, w += XB) {
-        for (int pf = 0; pf < 256; pf += 64)
-            _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
+    for (int64_t sb = 0; sb < nsb; sb++, w += XBK(five)) {
+        for (int pf = 0; pf < 256 + 512 * five; pf += 64) /* the header, Q5_K's fifth bits */
+            _mm_prefetch((const char *)w + XPF + (pf < 256 ? pf : XB + pf - 256), _MM_HINT_T0);
         int32_t bp[MR][4];
         for (int m = 0; m < mr; m++)
             group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp[m]);
@@ -118,13 +116,13 @@ static inline __attribute__((always_inline)) void group_rows_p(const uint8_t *w,
             for (int m0 = 0; m0 < mr;) {
                 const int R = XBLOCK[mr][m0];
                 if (R == 4)
-                    q4_block(w, sb, h, A, m0, 4, P, sc, mnp, bp, d, ndmin, acc);
+                    q4_block(w, sb, h, A, m0, 4, P, sc, mnp, bp, d, ndmin, acc, five);
                 else if (R == 3)
-                    q4_block(w, sb, h, A, m0, 3, P, sc, mnp, bp, d, ndmin, acc);
+                    q4_block(w, sb, h, A, m0, 3, P, sc, mnp, bp, d, ndmin, acc, five);
                 else if (R == 2)
-                    q4_block(w, sb, h, A, m0, 2, P, sc, mnp, bp, d, ndmin, acc);
+                    q4_block(w, sb, h, A, m0, 2, P, sc, mnp, bp, d, ndmin, acc, five);
                 else
-                    q4_block(w, sb, h, A, m0, 1, P, sc, mnp, bp, d, ndmin, acc);
+                    q4_block(w, sb, h, A, m0, 1, P, sc, mnp, bp, d, ndmin, acc, five);
                 m0 += R;
             }
         }
@@ -232,16 +230,6 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
         _mm256_storeu_ps(y[m], acc[m][0]);
         _mm256_storeu_ps(y[m] + 8, acc[m][1]);
     }
-}
-
-/* 32 bytes: 0x10 where bit i of `bits` is set (byte i), else 0 */
-static inline __m256i x_bits16(uint32_t bits) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
 /* One 16-row Q5_0 / Q4_0 group, as the AVX-512 code (rowdotx.c): rows 8h .. 8h + 7 per half,
