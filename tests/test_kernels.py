@@ -430,7 +430,7 @@ def test_fine_activation_blocks_where_the_kernels_have_them():
     """A linear asked for int8 blocks of 64 (the down projection under --activations
     int8-down64) gets them where its weights are repacked (Q4_K, Q5_K, Q6_K); a type whose own
     block is no larger (Q8_0, and Q5_0 in its groups: 32) keeps int8 at its block (one with
-    larger blocks and no grouped kernel, Q3_K: int16, tests/test_kernels_xk.py)."""
+    larger blocks and no grouped kernel, IQ2_XXS: int16, tests/test_kernels_xk.py)."""
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
     x[:, 5] *= 40
     for qtype, want in ((QT.Q4_K, (8, 64)), (QT.Q6_K, (8, 64)), (QT.Q8_0, (8, 0)),

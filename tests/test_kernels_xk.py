@@ -1,4 +1,4 @@
-"""Q5_K (rowdotx.c), Q2_K and IQ4_XS (rowdotxk.c) in 16-row groups with int8 activations:
+"""Q5_K (rowdotx.c), Q2_K, Q3_K and IQ4_XS (rowdotxk.c) in 16-row groups with int8 activations:
 repacked at load into the same bytes, the products those of the rounded activations with the
 exact weights (llama.cpp's dequantize_row_* via the gguf package), every row the same bits at
 every row count, thread count, activation block and build."""
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
 
 # block bytes, where the f16 scales sit (random bytes elsewhere: every nibble, bit and
 # sub-scale pattern, the largest sub-scales included)
-LAYOUT = {QT.Q5_K: (176, (0, 2)), QT.Q2_K: (84, (80, 82)), QT.IQ4_XS: (136, (0,))}
+LAYOUT = {QT.Q5_K: (176, (0, 2)), QT.Q2_K: (84, (80, 82)), QT.Q3_K: (110, (108,)),
+          QT.IQ4_XS: (136, (0,))}
 TYPES = list(LAYOUT)
 ABLOCKS = (0, 32, 64, 128)
 
@@ -76,7 +77,8 @@ def test_grouped_rows_are_batch_invariant_in_every_build(kernel_build, qtype, ab
     """Row i of any product equals its 1-row product bit for bit, for 1 to 10 rows and more,
     1 to 3 threads (chunks of 32 weight rows: the last 16 rows alone), and the AVX2 build
     (maddubs, madd; IQ4_XS: |T| times signed activations) gives the AVX-512 build's (vpdpbusd,
-    vpdpwssd / vpmulld; IQ4_XS: T + 128, less 128 times the sums) integers and float steps."""
+    vpdpwssd / vpmulld; IQ4_XS: T + 128, less 128 times the sums) integers and float steps.
+    Random bytes: every sub-scale, Q3_K's negative ones and the largest included."""
     n, k, m = 80, 1536, 23
     raw = _tensor(qtype, n, k, seed=3)
     kind, packed = kernels.repack(qtype.name, raw.data, n, k, 8)
@@ -117,11 +119,11 @@ def test_linear_reads_the_groups_with_fine_activation_blocks(qtype):
 
 
 def test_a_type_without_groups_rounds_finer_blocks_to_int16():
-    """Q3_K has no 16-row groups: asked for int8 blocks of 64 it rounds to int16 instead, never
-    coarser than asked, and reads the file's blocks."""
+    """IQ2_XXS (blocks of 256) has no 16-row groups: asked for int8 blocks of 64 it rounds to
+    int16 instead, never coarser than asked, and reads the file's blocks."""
     rng = np.random.default_rng(0)
-    blocks = rng.integers(0, 256, size=(32 * 2, 110), dtype=np.uint8)
-    blocks[:, 108:110] = np.array([1e-3], np.float16).view(np.uint8)
-    raw = RawTensor("blk.0.ffn_down.weight", QT.Q3_K, (32, 512), blocks.reshape(32, -1))
+    blocks = rng.integers(0, 256, size=(32 * 2, 66), dtype=np.uint8)
+    blocks[:, 0:2] = np.array([1e-3], np.float16).view(np.uint8)
+    raw = RawTensor("blk.0.ffn_down.weight", QT.IQ2_XXS, (32, 512), blocks.reshape(32, -1))
     lin = GGUFLinear(raw, bits=8, act_block=64)
     assert lin.rounding() == (16, 0) and lin.kernel_blocks()[1] is raw.data

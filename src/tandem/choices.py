@@ -48,8 +48,8 @@ KERNEL_OF = {
     **dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
                      "TQ1_0", "TQ2_0"), "row kernels"),  # kernels/rowdoti.c
     "Q8_0": "row kernels, prompt kernel",
-    **dict.fromkeys(("Q2_K", "IQ4_XS"), "row kernels, int8 in 16-row groups, prompt kernel"),
-    "Q3_K": "row kernels, prompt kernel",
+    **dict.fromkeys(("Q2_K", "Q3_K", "IQ4_XS"),
+                    "row kernels, int8 in 16-row groups, prompt kernel"),
     **dict.fromkeys(("F16", "BF16"), "float kernels, tiled prompt kernel"),
 }
 # what a matrix of a type outside KERNEL_TYPES costs in native mode

@@ -205,7 +205,7 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     lib.tq_matmul.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, ptr, c_int, c_int, c_int, i64]
     lib.tq_matmul.restype = c_int
     for fn in (lib.tq_repack_q4kx, lib.tq_repack_q5kx, lib.tq_repack_q6kx, lib.tq_repack_q2kx,
-               lib.tq_repack_iq4xsx):
+               lib.tq_repack_q3kx, lib.tq_repack_iq4xsx):
         fn.argtypes, fn.restype = [ptr, i64, i64, ptr], c_int
     lib.tq_repack_q50x.argtypes, lib.tq_repack_q50x.restype = [ptr, i64, i64, ptr, c_int], c_int
     lib.tq_dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
@@ -288,13 +288,14 @@ def _threads(n: int) -> int:
 
 
 # Layouts of the kernels' own, made from GGUF blocks at load (not ggml types): Q4_K, Q5_K, Q6_K,
-# Q4_0, Q5_0 (rowdotx.c), Q2_K and IQ4_XS (rowdotxk.c) in groups of 16 rows for int8
+# Q4_0, Q5_0 (rowdotx.c), Q2_K, Q3_K and IQ4_XS (rowdotxk.c) in groups of 16 rows for int8
 # activations, the same bytes rearranged.
 REPACKED_TYPES = {"Q4_Kx16": 112, "Q5_Kx16": 113, "Q6_Kx16": 114, "Q4_0x16": 102,
-                  "Q5_0x16": 106, "Q2_Kx16": 110, "IQ4_XSx16": 123}
+                  "Q5_0x16": 106, "Q2_Kx16": 110, "Q3_Kx16": 111, "IQ4_XSx16": 123}
 REPACK_FROM = {t.removesuffix("x16"): t for t in REPACKED_TYPES}
 _REPACK_FN = {"Q4_K": "tq_repack_q4kx", "Q5_K": "tq_repack_q5kx", "Q6_K": "tq_repack_q6kx",
-              "Q2_K": "tq_repack_q2kx", "IQ4_XS": "tq_repack_iq4xsx"}  # Q4_0, Q5_0: q50x
+              "Q2_K": "tq_repack_q2kx", "Q3_K": "tq_repack_q3kx",
+              "IQ4_XS": "tq_repack_iq4xsx"}  # Q4_0, Q5_0: q50x
 # values per weight block of the repacked types (activation blocks finer than 256 only for
 # the K-quants': the 32-weight types' activations already have a scale per 32)
 REPACKED_BLOCK = {t: 32 if t.startswith(("Q4_0", "Q5_0")) else 256 for t in REPACKED_TYPES}
@@ -305,7 +306,7 @@ ACT_BLOCKS = (32, 64, 128)
 def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
     """(type, blocks) of the kernels' faster layout for a linear of GGUF blocks whose activations
     are rounded to `bits`, or None where it has none (then the GGUF blocks are used in place).
-    Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q2_K and IQ4_XS with int8 activations: 16-row groups (a copy of the
+    Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q2_K, Q3_K, IQ4_XS with int8 activations: 16-row groups (a copy of the
     same size: the file's pages are then no longer read); N not a multiple of 16 gets zero
     rows after its own (the caller keeps the first N outputs). A row's result does not depend
     on the rows grouped with it, so any subset of a matrix's rows repacked gives those rows'

@@ -99,10 +99,10 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,  /* ggml type ids */
        /* read by rowdotn.c's kernels (row by row at every row count) */
        T_F16 = 1, T_Q2_K = 10, T_Q3_K = 11, T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30,
-       /* Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 (rowdotx.c), Q2_K, IQ4_XS (rowdotxk.c) in 16-row groups,
-        * int8 activations only */
+       /* Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 (rowdotx.c), Q2_K, Q3_K, IQ4_XS (rowdotxk.c) in 16-row
+        * groups, int8 activations only */
        T_Q4_KX = 112, T_Q5_KX = 113, T_Q6_KX = 114, T_Q4_0X = 102, T_Q5_0X = 106,
-       T_Q2_KX = 110, T_IQ4_XSX = 123 };
+       T_Q2_KX = 110, T_Q3_KX = 111, T_IQ4_XSX = 123 };
 /* rowdotn.c's types: integer (int16 or int8 activations) and float (float32 activations) */
 static inline int type_n(int64_t type) {
     return type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS;
@@ -110,7 +110,7 @@ static inline int type_n(int64_t type) {
 static inline int type_f(int64_t type) { return type == T_F16 || type == T_BF16; }
 static inline int type_x(int64_t type) {
     return type == T_Q4_KX || type == T_Q5_KX || type == T_Q6_KX || type == T_Q4_0X ||
-           type == T_Q5_0X || type == T_Q2_KX || type == T_IQ4_XSX;
+           type == T_Q5_0X || type == T_Q2_KX || type == T_Q3_KX || type == T_IQ4_XSX;
 }
 
 /* The row-by-row loops prefetch the weight bytes PF_BYTES ahead of the row they compute.
@@ -152,7 +152,7 @@ static inline int64_t block_bytes(int type) {
     case T_Q5_K: case T_Q5_KX: return 176;
     case T_Q6_K: case T_Q6_KX: return 210;
     case T_Q2_K: case T_Q2_KX: return 84;
-    case T_Q3_K: return 110;
+    case T_Q3_K: case T_Q3_KX: return 110;
     case T_IQ4_XS: case T_IQ4_XSX: return 136;
     case T_F16: case T_BF16: return 64; /* float types: blocks of 32 halves (K % 32 == 0) */
     }
@@ -162,7 +162,7 @@ static inline int64_t block_bytes(int type) {
 static inline int64_t block_weights(int type) {
     switch (type) {
     case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_Q4_KX: case T_Q5_KX: case T_Q6_KX:
-    case T_Q2_K: case T_Q3_K: case T_IQ4_XS: case T_Q2_KX: case T_IQ4_XSX:
+    case T_Q2_K: case T_Q3_K: case T_IQ4_XS: case T_Q2_KX: case T_Q3_KX: case T_IQ4_XSX:
         return 256;
     }
     return type_iq(type) ? 256 : 32;
@@ -572,7 +572,7 @@ TQ_HIDDEN void gemmf_range(int type, const uint8_t *W, int64_t rb, int64_t n0, i
  * bias, the same bits in every build */
 TQ_HIDDEN void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
                       int64_t M, float *y, int64_t N, const float *bias, int ablock);
-/* rowdotxk.c: a Q2_K / IQ4_XS group (w) against activation rows [0, mr), P per block: y[m][r] */
+/* rowdotxk.c: a Q2_K / Q3_K / IQ4_XS group (w) against activation rows [0, mr): y[m][r] */
 TQ_HIDDEN void xk_group(int type, const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
                         float (*y)[16], int P);
 

@@ -468,7 +468,7 @@ void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, cons
                 group_rows50(w, A->K / 32, &B, mr, out, type == T_Q5_0X);
             else if (type == T_Q6_KX)
                 group_rows6(w, nsb, &B, mr, out, per);
-            else if (type == T_Q2_KX || type == T_IQ4_XSX)
+            else if (type == T_Q2_KX || type == T_Q3_KX || type == T_IQ4_XSX)
                 xk_group(type, w, nsb, &B, mr, out, per);
             else
                 group_rows(w, nsb, &B, mr, out, per, type == T_Q5_KX);

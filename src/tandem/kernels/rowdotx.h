@@ -74,6 +74,16 @@ static inline __m512 f16_ps(const uint8_t *p) {
 _Static_assert(MR == 10, "XBLOCK has a row for every mr up to MR");
 static const int8_t XBLOCK[MR + 1][MR] = XBLOCK_TABLE;
 
+/* 32 bytes: 0x10 where bit i of `bits` is set (byte i), else 0 */
+static inline __m256i x_bits16(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
 /* rows 8h..8h + 7 of 16 bytes as dwords */
 static inline __m256i bytes8_epi32(const uint8_t *b, int h) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h)));

@@ -20,16 +20,6 @@ static inline void x_scale_bytes(const uint8_t *w, uint8_t sc[8][16], uint8_t mn
     }
 }
 
-/* 32 bytes: 0x10 where bit i of `bits` is set (byte i), else 0 */
-static inline __m256i x_bits16(uint32_t bits) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
-
 /* Activation rows m0 .. m0 + R - 1 (R a compile-time constant: S stays in registers) against
  * rows 8h .. 8h + 7 of one Q4_K super-block: the weights unpacked once per sub-block half for
  * the R rows, each row's integer sums and float steps exactly as for any other R */

@@ -1,4 +1,4 @@
-/* Q2_K and IQ4_XS weights in 16-row groups (T_Q2_KX, T_IQ4_XSX) against int8 activations, as
+/* Q2_K, Q3_K and IQ4_XS weights in 16-row groups (T_Q2_KX, T_Q3_KX, T_IQ4_XSX) against int8 activations, as
  * rowdotx.c's Q4_K: repacked once at load, the same bytes as the GGUF blocks, each 32-bit lane
  * of a vector one weight row, one float step per activation block for 16 rows, the same
  * integers and float steps in every build and at every number of activation rows.
@@ -12,6 +12,14 @@
  * <= 16 * 3 * 127: an int16 word, vpdpwssd / madd take it) and M = sum_k mn_k b_k (b_k the
  * per-16 activation sums); y = fma(float(S), d xs, y), y = fma(float(M), -dmin xs, y) at the
  * end of each activation block (P sub-blocks of 32), in order.
+ *
+ * Q3_K, 1760 bytes (16 x 110): d at [0, 32), the 6-bit scales sc6_k = sc_k + 32 (llama.cpp's
+ * unpacking) at [32, 160) (byte 32 + 16 (k / 2) + r: the low nibbles of k even / odd) and
+ * [160, 224) (byte 160 + 16 (k / 4) + r, bits 2 (k % 4): the high two), the low two bits of the
+ * quants at [224, 1248) as Q2_K's, the high bits at [1248, 1760): vector (c, p) has four 64-bit
+ * masks at 1248 + 32 (4c + p) + 8s, bit 4r + i that of q[64c + 16s + 4p + i]. With u = low |
+ * high << 2 (0..7; the weight d sc_k (u - 4)): S = sum_k sc_k sum u x8 - 4 sum_k sc_k b_k and
+ * y = fma(float(S), d xs, y) per activation block.
  *
  * IQ4_XS, a group's super-block in 2176 bytes (16 x 136):
  *   [0, 32)      d, f16                       [32, 96)  scales_l: byte 32 + 16t + r (t = 0..3)
@@ -31,6 +39,7 @@
 #include "rowdotx.h"
 
 #define XB2 1344 /* Q2_K: bytes of a group's super-block */
+#define XB3 1760 /* Q3_K */
 #define XBI 2176 /* IQ4_XS */
 #define XPF PF_BYTES
 
@@ -53,6 +62,36 @@ int tq_repack_q2kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
                     const int q = qs[32 * (w / 128) + w % 32] >> (2 * (w % 128 / 32)) & 3;
                     const int c = w / 64, s = w % 64 / 16, p = w % 16 / 4, i = w % 4;
                     o[320 + 64 * (4 * c + p) + 4 * r + i] |= q << 2 * s;
+                }
+            }
+        }
+    return 0;
+}
+
+int tq_repack_q3kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
+    if (N % 16 || K % 256 || N <= 0)
+        return -1;
+    const int64_t nsb = K / 256, rb = nsb * 110;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 16; g++)
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            uint8_t *o = dst + (g * nsb + sb) * XB3;
+            memset(o, 0, XB3);
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *b = src + (16 * g + r) * rb + sb * 110, *hm = b, *qs = b + 32;
+                memcpy(o + 2 * r, b + 108, 2);
+                int16_t sc[16];
+                q3k_scales(b + 96, sc);
+                for (int k = 0; k < 16; k++) {
+                    o[32 + 16 * (k / 2) + r] |= ((sc[k] + 32) & 15) << 4 * (k % 2);
+                    o[160 + 16 * (k / 4) + r] |= ((sc[k] + 32) >> 4) << 2 * (k % 4);
+                }
+                for (int w = 0; w < 256; w++) { /* low bits as Q2_K's; the high bit hm[w % 32] bit w / 32 */
+                    const int q = qs[32 * (w / 128) + w % 32] >> (2 * (w % 128 / 32)) & 3;
+                    const int c = w / 64, s = w % 64 / 16, p = w % 16 / 4, bit = 4 * r + w % 4;
+                    o[224 + 64 * (4 * c + p) + bit] |= q << 2 * s;
+                    if (hm[w % 32] >> (w / 32) & 1)
+                        o[1248 + 32 * (4 * c + p) + 8 * s + bit / 8] |= 1 << bit % 8;
                 }
             }
         }
@@ -86,41 +125,69 @@ int tq_repack_iq4xsx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
 /* kvalues_iq4nl + 128 (vpdpbusd's unsigned side) */
 static const uint8_t IQ4U[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
-/* One 16-row Q2_K group against activation rows [0, mr) */
-static inline __attribute__((always_inline)) void q2x_p(const uint8_t *w, int64_t nsb,
+/* the 16 rows' sc_k as dwords (high words 0: vpdpwssd's low word), k = 0..15, and the pairs
+ * (Q2_K: mn_2u | mn_2u+1 << 16; Q3_K: sc_2u | sc_2u+1 << 16) that meet the per-16 sums */
+static inline void qkx_scales(const uint8_t *w, int three, __m512i *sc, __m512i *pairs) {
+    const __m512i m4 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+    for (int k = 0; k < 16; k++)
+        if (three) {
+            const __m512i lo = _mm512_srli_epi32(u8_epi32(w + 32 + 16 * (k / 2)), 4 * (k % 2));
+            const __m512i hi = _mm512_srli_epi32(u8_epi32(w + 160 + 16 * (k / 4)), 2 * (k % 4));
+            const __m512i v = _mm512_or_si512(_mm512_and_si512(lo, m4),
+                                              _mm512_slli_epi32(_mm512_and_si512(hi, m3), 4));
+            sc[k] = _mm512_and_si512(_mm512_sub_epi32(v, _mm512_set1_epi32(32)),
+                                     _mm512_set1_epi32(0xFFFF));
+        } else {
+            sc[k] = _mm512_and_si512(u8_epi32(w + 64 + 16 * k), m4);
+        }
+    for (int u = 0; u < 8; u++)
+        pairs[u] = three ? _mm512_or_si512(sc[2 * u], _mm512_slli_epi32(sc[2 * u + 1], 16))
+                         : _mm512_or_si512(_mm512_srli_epi32(u8_epi32(w + 64 + 32 * u), 4),
+                                           _mm512_slli_epi32(_mm512_srli_epi32(u8_epi32(w + 80 + 32 * u), 4), 16));
+}
+
+/* One 16-row Q2_K (Q3_K: three) group against activation rows [0, mr) */
+static inline __attribute__((always_inline)) void qkx_p(const uint8_t *w, int64_t nsb,
                                                         const acts8_t *A, int mr,
-                                                        float (*y)[16], const int P) {
+                                                        float (*y)[16], const int P,
+                                                        const int three) {
     __m512 acc[MR];
     for (int m = 0; m < mr; m++)
         acc[m] = _mm512_setzero_ps();
-    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi32(15);
-    for (int64_t sb = 0; sb < nsb; sb++, w += XB2) {
-        for (int pf = 0; pf < 320; pf += 64) /* the header; the quants' lines below */
+    const __m512i m3 = _mm512_set1_epi8(3), c4 = _mm512_set1_epi8(4);
+    const int xb = three ? XB3 : XB2, qo = three ? 224 : 320;
+    for (int64_t sb = 0; sb < nsb; sb++, w += xb) {
+        for (int pf = 0; pf < qo; pf += 64) /* the header; the quants' lines below */
             _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
         const __m512 d = f16_ps(w), ndmin = _mm512_sub_ps(_mm512_setzero_ps(), f16_ps(w + 32));
-        __m512i mnp[8]; /* dword r: mn_2u | mn_2u+1 << 16 */
-        for (int u = 0; u < 8; u++)
-            mnp[u] = _mm512_or_si512(_mm512_srli_epi32(u8_epi32(w + 64 + 32 * u), 4),
-                                     _mm512_slli_epi32(_mm512_srli_epi32(u8_epi32(w + 80 + 32 * u), 4), 16));
+        __m512i sc[16], pairs[8];
+        qkx_scales(w, three, sc, pairs);
         __m512i S[MR];
         for (int m = 0; m < mr; m++)
             S[m] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) { /* sub-block j: k = 2j, 2j + 1 */
-            const uint8_t *v = w + 320 + 256 * (j / 2);
+            const uint8_t *v = w + qo + 256 * (j / 2);
             for (int pf = 0; pf < 128; pf += 64)
-                _mm_prefetch((const char *)w + XPF + 320 + 128 * j + pf, _MM_HINT_T0);
+                _mm_prefetch((const char *)w + XPF + qo + 128 * j + pf, _MM_HINT_T0);
+            if (three)
+                _mm_prefetch((const char *)w + XPF + 1248 + 64 * j, _MM_HINT_T0);
             for (int h = 0; h < 2; h++) {
                 const int k = 2 * j + h, s = 2 * (j % 2) + h;
-                const __m512i sc = _mm512_and_si512(u8_epi32(w + 64 + 16 * k), m4);
                 __m512i q[4];
-                for (int p = 0; p < 4; p++)
+                for (int p = 0; p < 4; p++) {
                     q[p] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(v + 64 * p)), 2 * s), m3);
+                    if (three) {
+                        uint64_t hb;
+                        memcpy(&hb, w + 1248 + 32 * (4 * (j / 2) + p) + 8 * s, 8);
+                        q[p] = _mm512_mask_add_epi8(q[p], (__mmask64)hb, q[p], c4);
+                    }
+                }
                 for (int m = 0; m < mr; m++) {
                     const int8_t *x = A->q + m * A->K + 256 * sb + 16 * k;
                     __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(load32(x)));
                     for (int p = 1; p < 4; p++)
                         t = _mm512_dpbusd_epi32(t, q[p], _mm512_set1_epi32(load32(x + 4 * p)));
-                    S[m] = _mm512_dpwssd_epi32(S[m], t, sc);
+                    S[m] = _mm512_dpwssd_epi32(S[m], t, sc[k]);
                 }
             }
             if ((j + 1) % P)
@@ -129,10 +196,15 @@ static inline __attribute__((always_inline)) void q2x_p(const uint8_t *w, int64_
                 const int16_t *bs = A->bs + m * (A->K / 16) + 16 * sb;
                 __m512i M = _mm512_setzero_si512();
                 for (int u = j + 1 - P; u <= j; u++)
-                    M = _mm512_dpwssd_epi32(M, mnp[u], _mm512_set1_epi32(load32((const int8_t *)(bs + 2 * u))));
+                    M = _mm512_dpwssd_epi32(M, pairs[u], _mm512_set1_epi32(load32((const int8_t *)(bs + 2 * u))));
                 const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
-                acc[m] = _mm512_fmadd_ps(cvt512_ps(S[m]), _mm512_mul_ps(d, xs), acc[m]);
-                acc[m] = _mm512_fmadd_ps(cvt512_ps(M), _mm512_mul_ps(ndmin, xs), acc[m]);
+                if (three) {
+                    acc[m] = _mm512_fmadd_ps(cvt512_ps(_mm512_sub_epi32(S[m], _mm512_slli_epi32(M, 2))),
+                                             _mm512_mul_ps(d, xs), acc[m]);
+                } else {
+                    acc[m] = _mm512_fmadd_ps(cvt512_ps(S[m]), _mm512_mul_ps(d, xs), acc[m]);
+                    acc[m] = _mm512_fmadd_ps(cvt512_ps(M), _mm512_mul_ps(ndmin, xs), acc[m]);
+                }
                 S[m] = _mm512_setzero_si512();
             }
         }
@@ -215,7 +287,8 @@ static inline __attribute__((always_inline)) void iq4x_p(const uint8_t *w, int64
 
 void xk_group(int type, const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
               int P) {
-#define XK_P(p) (type == T_Q2_KX ? q2x_p(w, nsb, A, mr, y, p) : iq4x_p(w, nsb, A, mr, y, p))
+#define XK_P(p) (type == T_IQ4_XSX ? iq4x_p(w, nsb, A, mr, y, p)                              \
+                 : type == T_Q3_KX ? qkx_p(w, nsb, A, mr, y, p, 1) : qkx_p(w, nsb, A, mr, y, p, 0))
     if (P == 8)
         XK_P(8);
     else if (P == 4)

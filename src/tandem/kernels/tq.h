@@ -5,8 +5,8 @@
  *
  * Files: blocks.h (internal: block layouts and weight unpacking), activations.c (activation
  * rounding), rowdot16.c / rowdot8.c (the row-by-row kernels, int16 / int8 activations),
- * rowdotx.c / rowdotxk.c (int8 Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 / Q2_K, IQ4_XS repacked in 16-row
- * groups: every row count), rowdotn.c (Q2_K, Q3_K,
+ * rowdotx.c / rowdotxk.c (int8 Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 / Q2_K, Q3_K, IQ4_XS repacked in
+ * 16-row groups: every row count), rowdotn.c (Q2_K, Q3_K,
  * IQ4_NL, IQ4_XS, F16, BF16 at every row count), gemm.c (the prompt kernel),
  * matmul.c (the OpenMP driver), dequant.c, forward.c (decoder layers). */
 #ifndef TQ_H
@@ -50,8 +50,9 @@ void tq_matmul_team(int type, const uint8_t *W, int64_t N, int64_t K, const floa
 int tq_repack_q4kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
 int tq_repack_q6kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst); /* type 114 */
 int tq_repack_q5kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst); /* type 113 */
-/* Q2_K and IQ4_XS rows into the 16-row groups of type 110 / 123 (rowdotxk.c) */
+/* Q2_K, Q3_K and IQ4_XS rows into the 16-row groups of type 110 / 111 / 123 (rowdotxk.c) */
 int tq_repack_q2kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
+int tq_repack_q3kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
 int tq_repack_iq4xsx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
 /* Q5_0 (five = 1) or Q4_0 rows into the 16-row groups of type 106 / 102 (K % 32 == 0) */
 int tq_repack_q50x(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int five);
