@@ -135,6 +135,10 @@ def create_app(state: ServerState) -> FastAPI:
         return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"),
                               req.url.path)
 
+    if state.sleeper is not None:  # --sleep-idle-seconds: inside the key check
+        from .sleep import SleepGate
+
+        app.add_middleware(SleepGate, sleeper=state.sleeper, routes=lambda: app.routes)
     app.add_middleware(Guard, state=state)
     # outermost: browsers on another origin may call the API (preflight OPTIONS answered
     # here, before the key check), as llama-server allows

@@ -60,6 +60,11 @@ def run(args: argparse.Namespace) -> int:
     from .state import ServerState
 
     state = ServerState(settings)
+    if settings.sleep_idle_seconds > 0:
+        from .sleep import Sleeper
+
+        state.sleeper = Sleeper(state, settings.sleep_idle_seconds, lambda: _start(state))
+        state.sleeper.start()
     if settings.tools:
         from ..agent.runtime import ToolRuntimeError
         from ..agent.tools import Toolbox
@@ -91,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # the container --tools-runtime started is removed first: it does not wait on the
         # engine, whose thread may take a while to stop (a step under way; a busy machine)
+        if state.sleeper is not None:
+            state.sleeper.close()
         if state.tools is not None:
             state.tools.close()
         if state.worker is not None:
@@ -210,6 +217,10 @@ def _load(state, server, outcome: dict) -> None:
     try:
         _load_models(state)
         state.status = "ready"
+        if state.sleeper is not None:
+            state.sleeper.loaded()
+            log.info("the model sleeps after %d s idle (--sleep-idle-seconds)",
+                     state.sleeper.seconds)
         engine = state.engine
         log.info("ready: %d slot(s) of %d tokens, queue of %d; speculation %s",
                  engine.cfg.n_parallel, engine.cfg.ctx_size, state.settings.max_queue,
@@ -229,10 +240,9 @@ def _fail(state, server, outcome: dict, message: str, code: int) -> None:
 
 
 def _load_models(state) -> None:
+    """The memory plan (said, then checked), then the models (`_start`)."""
     from ..check import memory_plan
     from ..memory import fmt_bytes, resident
-    from ..speculative.compat import check_compatible
-    from .worker import Worker
 
     s = state.settings
     spec, cfg = s.spec, s.engine
@@ -249,6 +259,17 @@ def _load_models(state) -> None:
         raise TandemError(f"the memory plan does not fit: it needs {fmt_bytes(mem.total)}, "
                           f"{fmt_bytes(mem.available)} is available ({mem.available_source}); "
                           "lower --ctx-size or --parallel, or use a smaller model")
+    _start(state)
+
+
+def _start(state) -> None:
+    """Load the models, check them, warm up, start the worker: at startup, and again on
+    waking from --sleep-idle-seconds (sleep.py)."""
+    from ..speculative.compat import check_compatible
+    from .worker import Worker
+
+    s = state.settings
+    spec, cfg = s.spec, s.engine
     engine = flags.load_engine(s.model, s.model_draft, cfg, spec, log=log.info)
     if s.mmproj is not None:  # the target's image encoder
         from ..models.vision import load_mmproj
@@ -287,7 +308,7 @@ def _load_models(state) -> None:
         engine.tok.chat_template = s.chat_template
         engine.tok.apply_chat_template([{"role": "user", "content": "hi"}])  # fails now if bad
     state.engine = engine
-    state.created = int(time.time())
+    state.created = state.created or int(time.time())  # the first load's, kept across sleeps
     worker = Worker(engine, state.metrics, state.settings.max_queue)
     worker.start()
     state.worker = worker

@@ -43,7 +43,13 @@ def _state(http: HttpRequest) -> ServerState:
 @router.get("/models")
 async def models(http: HttpRequest):
     state = _state(http)
+    if (before := state.asleep()) is not None:  # --sleep-idle-seconds: answered, not woken
+        return before["models"]
     engine, _ = state.ready()
+    return models_body(state, engine)
+
+
+def models_body(state: ServerState, engine) -> dict:
     # llama-server's answer also carries Ollama's shape, with the model's capabilities
     caps = ["completion", "multimodal"] if engine.vision is not None else ["completion"]
     return {"models": [{"name": state.model_name, "model": state.model_name, "type": "model",

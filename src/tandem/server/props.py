@@ -3,7 +3,8 @@ POST /tokenize and POST /detokenize (llama.cpp's).
 
     GET  /health            503 {"error": {"message": "Loading model"}} while loading, then 200
     GET  /props             default generation settings, total_slots, model path, speculation,
-                            the memory plan beside the process's resident memory
+                            the memory plan beside the process's resident memory,
+                            is_sleeping (--sleep-idle-seconds; answered asleep, not woken)
     GET  /metrics           Prometheus text (metrics.py; off without --metrics)
     POST /tokenize          {"content": str, "add_special": bool} -> {"tokens": [...]}
     POST /detokenize        {"tokens": [...]} -> {"content": str}
@@ -27,7 +28,7 @@ router = APIRouter()
 @router.get("/health")
 @router.get("/v1/health")
 async def health(http: HttpRequest):
-    http.app.state.tandem.ready()
+    http.app.state.tandem.alive()  # asleep (--sleep-idle-seconds) is healthy
     return {"status": "ok"}
 
 
@@ -66,7 +67,13 @@ async def detokenize(http: HttpRequest):
 @router.get("/props")
 async def props(http: HttpRequest):
     state: ServerState = http.app.state.tandem
+    if (before := state.asleep()) is not None:  # the model is away: what it said, not woken
+        return {**before["props"], "memory": _memory(state)}
     engine, _ = state.ready()
+    return props_body(state, engine)
+
+
+def props_body(state: ServerState, engine, sleeping: bool = False) -> dict:
     return {
         "default_generation_settings": {
             "id": 0, "n_ctx": engine.cfg.ctx_size,
@@ -85,6 +92,7 @@ async def props(http: HttpRequest):
         "media_marker": images.marker(),
         "build_info": "tandem",
         "cors_proxy_enabled": state.settings.ui_mcp_proxy,
+        "is_sleeping": sleeping,
         "memory": _memory(state),
     }
 

@@ -79,6 +79,12 @@ class ServerSettings:
         "--queue-size", type=int,
         help=f"requests that may wait for a slot before new ones get 503 (default: "
              f"{QUEUE_PER_SLOT} x --parallel)"))
+    sleep_idle_seconds: int = field(default=-1, metadata=flag(
+        "--sleep-idle-seconds", metavar="SECONDS",
+        help="after SECONDS with no request for the model, it leaves memory (weights, KV "
+             "caches, the host prompt cache) and the server keeps listening; the next request "
+             "that needs it loads it again. /health, /props (\"is_sleeping\"), /models and "
+             "/metrics answer without waking it (-1: never, the default)"))
     no_warmup: bool = field(default=False, metadata=flag(
         "--no-warmup", help="skip the short warm-up generation after loading"))
     offline: bool = field(default=False, metadata=flag(
@@ -220,6 +226,9 @@ class ServerSettings:
             self.max_queue = QUEUE_PER_SLOT * self.engine.n_parallel
         if self.max_queue < 0:
             raise TandemError(f"--queue-size must be >= 0, got {self.max_queue}")
+        if self.sleep_idle_seconds == 0 or self.sleep_idle_seconds < -1:
+            raise TandemError(f"--sleep-idle-seconds must be > 0, or -1 (never), got "
+                              f"{self.sleep_idle_seconds}")
         if self.ubatch_size is not None and self.ubatch_size < 2:
             raise TandemError(f"--ubatch-size must be >= 2, got {self.ubatch_size}")
 

@@ -23,6 +23,8 @@ async def slots(http: HttpRequest):
     state: ServerState = http.app.state.tandem
     if not state.settings.slots_endpoint:
         raise ApiError(501, "this server was started with --no-slots: GET /slots is off")
+    if (before := state.asleep()) is not None:  # --sleep-idle-seconds: answered, not woken
+        return before["slots"]
     _, worker = state.ready()
     return worker.slots()
 
