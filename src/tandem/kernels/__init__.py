@@ -43,7 +43,7 @@ SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdo
                               "rowdoti.c", "gemm.c",
                               "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
-HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "rowdotx.h", "rowdotx_avx2.h",
+HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "groups16.h", "rowdotx_avx2.h",
                               "rowdotxk_avx2.h", "iquants.h")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")

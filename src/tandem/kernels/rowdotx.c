@@ -200,7 +200,7 @@ int tq_repack_q50x(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int f
     return 0;
 }
 
-#include "rowdotx.h"
+#include "groups16.h"
 
 #if TQ_AVX512
 /* the byte vectors sc_j (j = 0..3 or 4..7 as 128-bit lanes) from L (four L[j]) and H (four H[t]) */

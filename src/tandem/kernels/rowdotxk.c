@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "blocks.h"
-#include "rowdotx.h"
+#include "groups16.h"
 
 #define XB2 1344 /* Q2_K: bytes of a group's super-block */
 #define XB3 1760 /* Q3_K */

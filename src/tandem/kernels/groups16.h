@@ -1,7 +1,7 @@
 /* The helpers of the 16-row group kernels (rowdotx.c: Q4_K, Q5_K, Q6_K, Q4_0, Q5_0; rowdotxk.c:
  * Q2_K, IQ4_XS), included once by each after blocks.h. */
-#ifndef TQ_ROWDOTX_H
-#define TQ_ROWDOTX_H
+#ifndef TQ_GROUPS16_H
+#define TQ_GROUPS16_H
 
 static inline int32_t load32(const int8_t *p) {
     int32_t v;
