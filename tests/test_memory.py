@@ -330,7 +330,7 @@ def test_the_plan_names_each_matrix_type_and_its_kernel():
                            "blk.0.attn_k.weight": ("Q3_K", (32, 256))})
     text = _plan([ModelSpec("target", ARGS, odd)], 1000, 1, 4, "native", prefill_chunk=64,
                  available=10**9).format()
-    assert "Q3_K x1 (row kernels, prompt kernel)" in text
+    assert "Q3_K x1 (row kernels, int8 in 16-row groups, prompt kernel)" in text
     assert "MXFP4 x1 (no native kernel: expanded at load" in text
     dense = _plan([ModelSpec("target", ARGS, odd)], 1000, 1, 4, "dense", prefill_chunk=64,
                   available=10**9).format()
