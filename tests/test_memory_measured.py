@@ -41,13 +41,7 @@ def _check(memory: dict) -> None:
 def test_a_small_models_plan_is_within_10_percent_of_the_servers_peak(tmp_path):
     """A 90M-parameter Q4_0 model (repacked by the kernels: its file pages released), its
     KV cache filled: the weights and the cache, not the runtime alone, make up the peak."""
-    import gguf
-
-    model = tiny.hf_model("qwen2", hidden_size=1024, intermediate_size=2816,
-                          num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-                          max_position_embeddings=4096)
-    path = tiny.write_gguf(model, tmp_path / "m.gguf", "qwen2", gguf.GGMLQuantizationType.Q4_0)
-    del model
+    path = tiny.small_q4_0_gguf(tmp_path / "m.gguf")
     server = Server(["-m", str(path), "--ctx-size", "4096", "--threads", "2",
                      "--cache-type-k", "f32", "--cache-type-v", "f32"], tmp_path / "log")
     try:

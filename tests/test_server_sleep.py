@@ -158,13 +158,7 @@ def test_the_memory_goes_back_while_sleeping(tmp_path):
     """A 90M-parameter Q4_0 model (tests/test_memory_measured.py's): after a request its
     process holds the weights and the KV cache; asleep, most of those bytes are gone and it
     holds little more than the runtime; awake again, they are back, and so is the same text."""
-    import gguf
-
-    model = tiny.hf_model("qwen2", hidden_size=1024, intermediate_size=2816,
-                          num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-                          max_position_embeddings=4096)
-    path = tiny.write_gguf(model, tmp_path / "m.gguf", "qwen2", gguf.GGMLQuantizationType.Q4_0)
-    del model
+    path = tiny.small_q4_0_gguf(tmp_path / "m.gguf")
     s = Server(["-m", str(path), "--ctx-size", "2048", "--threads", "2",
                 "--sleep-idle-seconds", "1"], tmp_path / "log")
     try:

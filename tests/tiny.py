@@ -310,3 +310,13 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     for c in range(4):
         out[..., 16 + 32 * c: 48 + 32 * c] = q[..., 64 * c: 64 * c + 32] | q[..., 64 * c + 32: 64 * c + 64] << 4
     return out.reshape(rows, -1)
+
+
+def small_q4_0_gguf(path: Path) -> Path:
+    """A 90M-parameter qwen2 in Q4_0 (1024 wide, 8 layers, a 4,096 context): big enough that
+    its weights and KV cache, not the runtime alone, show in a server's resident memory."""
+    import gguf
+
+    model = hf_model("qwen2", hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                     num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    return write_gguf(model, path, "qwen2", gguf.GGMLQuantizationType.Q4_0)

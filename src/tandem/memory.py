@@ -246,16 +246,16 @@ def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]], mode: str, el:
     tied = "output.weight" not in tensors
     for name, (type_name, shape) in tensors.items():
         n = math.prod(shape)
-        if (mode == "native" and name == "output.weight" and out_rows and len(shape) == 2
-                and type_name in KERNEL_TYPES and type_name not in repacked):
-            total += _file_bytes(type_name, n) * min(out_rows, shape[0]) // shape[0]
-        elif mode == "native" and len(shape) == 2 and type_name in KERNEL_TYPES:
+        if mode == "native" and len(shape) == 2 and type_name in KERNEL_TYPES:
             # (a matrix the kernels repack, int8 Q4_K, takes the same bytes in their layout,
             # and its pages of the file are released. token_embd.weight: read row by row from
             # the file, its pages dropped after each lookup (quant.GGUFEmbedding), so held
             # only where it is also the output projection)
+            held = _file_bytes(type_name, n)
+            if name == "output.weight" and out_rows and type_name not in repacked:
+                held = held * min(out_rows, shape[0]) // shape[0]
             if name != "token_embd.weight" or tied:
-                total += _file_bytes(type_name, n)
+                total += held
         elif len(shape) < 2:
             total += n * (el if name.endswith(".bias") else 4)
         elif mode == "int4" and _packs_to_int4(name, type_name, shape):
@@ -384,6 +384,8 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
         raise TandemError(f"max drafted tokens must be an integer >= 0, got {max_k!r}")
     # the most rows a pass holds: a prompt chunk read alone (or --batch-size, if larger)
     ctx, slots, chunk = cfg.ctx_size, cfg.n_parallel, max(cfg.prefill_chunk, cfg.batch_size)
+    from .kernels import REPACK_FROM
+
     rows, passes = [], []
     for spec in models:
         numerics = cfg.numerics(spec.role)
@@ -405,8 +407,6 @@ def plan(models: list[ModelSpec], cfg: EngineConfig, max_k: int = 0, *,
                                  0 if (eff_mode, el) == ("dense", 4)
                                  else largest_layer_weight(spec.tensors), logit_rows=logit_rows)
         passes.append(full - persistent)
-        from .kernels import REPACK_FROM
-
         rows.append(PlanRow(
             spec.role, spec.name,
             f"int4 (Q4_K/Q4_0/Q4_1) + {_dtype_name(el)}" if eff_mode == "int4" else
