@@ -175,6 +175,7 @@ function chatBody(history, request, overrides = {}) {
   for (const m of history) messages.push({ role: m.role, content: m.content });
   const body = { messages, stream: true, return_tokens: true,
     stream_options: { include_usage: true } };
+  if (Picker.model()) body.model = Picker.model(); // a router: the picked model answers
   for (const k of SAMPLING) if (request[k] !== undefined) body[k] = request[k];
   if (request.probs) body.logprobs = true;
   const spec = overrides.spec_type !== undefined ? overrides.spec_type : request.spec_type;
@@ -211,6 +212,10 @@ function serverDefault(key) {
 
 async function send(text) {
   if (running) return;
+  if (Picker.on && !Picker.model()) {
+    $("#pick-status").textContent = "Load a model first.";
+    return;
+  }
   const c = chat();
   if (!c.title) c.title = text.slice(0, 60);
   c.messages.push({ role: "user", content: text });
@@ -610,7 +615,7 @@ function saveSettingsForm() {
 async function connect() {
   for (;;) {
     try {
-      props = await (await api("props")).json();
+      props = await (await api("props" + Picker.query())).json();
       break;
     } catch (e) {
       $("#model").textContent = e.status === 503 ? "Loading the model…" :
@@ -618,6 +623,15 @@ async function connect() {
       if (e.status === 401) return;
       await new Promise((r) => setTimeout(r, 1500));
     }
+  }
+  if (props.role === "router") { // many models: the picker chooses which answers
+    if (!Picker.on) await Picker.start();
+    if (!Picker.model()) {
+      props = null;
+      $("#model").textContent = "Pick a model and Load it (Models)";
+      return;
+    }
+    props = await (await api("props" + Picker.query())).json();
   }
   const spec = props.speculative || {};
   const name = (props.model_alias || props.model_path || "").split("/").pop();
@@ -632,7 +646,7 @@ async function poll() {
   if (document.hidden || !props) return;
   const rows = [];
   try {
-    const slots = await (await api("slots")).json();
+    const slots = await (await api("slots" + Picker.query())).json();
     const busy = slots.filter((s) => s.is_processing).length;
     rows.push(["Slots busy", `${busy} of ${slots.length}`]);
   } catch (e) {
@@ -641,7 +655,7 @@ async function poll() {
   let m = null;
   if (!metricsOff) {
     try {
-      m = parseMetrics(await (await api("metrics")).text());
+      m = parseMetrics(await (await api("metrics" + Picker.query())).text());
     } catch (e) {
       if (e.status === 501 || e.status === 404) metricsOff = true;
     }

@@ -2,7 +2,7 @@
 // from the last copy otherwise. API calls are never touched.
 "use strict";
 const CACHE = "tandem-page";
-const FILES = ["./", "static/app.js", "static/app.css", "static/icon.svg", "manifest.webmanifest"];
+const FILES = ["./", "static/app.js", "static/models.js", "static/app.css", "static/icon.svg", "manifest.webmanifest"];
 const PAGE = new Set(FILES.map((f) => new URL(f, self.registration.scope).pathname));
 
 self.addEventListener("install", (event) => {

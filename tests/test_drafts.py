@@ -1,0 +1,51 @@
+"""The draft picker's judgement (server/drafts.py): every other model of a router's catalog is
+accepted as a draft with the pair's memory plan, or refused naming the rule `tandem check`
+applies; on tiny generated models."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.config import EngineConfig, SpecConfig
+from tandem.server.drafts import draft_choices
+
+from . import tiny
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    d = tmp_path_factory.mktemp("drafts")
+    (d / "broken.gguf").write_bytes(b"GGUF but not really")
+    return [
+        ("target", tiny.write_gguf(tiny.hf_model("qwen2", seed=1), d / "target.gguf", "qwen2")),
+        ("draft", tiny.write_gguf(tiny.hf_model("qwen2", seed=2), d / "draft.gguf", "qwen2")),
+        ("llama", tiny.write_gguf(tiny.hf_model("llama", seed=3), d / "llama.gguf", "llama")),
+        ("broken", d / "broken.gguf"),
+    ]
+
+
+def test_each_other_model_is_accepted_or_refused_by_name(catalog):
+    out = draft_choices("target", catalog, EngineConfig(ctx_size=256), SpecConfig())
+    rows = {r["id"]: r for r in out["data"]}
+    assert out["model"] == "target" and set(rows) == {"target", "draft", "llama", "broken"}
+    assert rows["draft"]["accepted"] and rows["draft"]["rule"] is None
+    assert rows["draft"]["message"].startswith("compatible")
+    # the llama model adds BOS, the qwen2 target does not: check's add_bos rule refuses it
+    assert not rows["llama"]["accepted"] and rows["llama"]["rule"] == "add_bos"
+    assert "draft add-BOS on != target add-BOS off" in rows["llama"]["message"]
+    assert rows["llama"]["plan"] is None
+    assert not rows["target"]["accepted"] and rows["target"]["rule"] == "the target itself"
+    assert not rows["broken"]["accepted"] and rows["broken"]["rule"] == "unreadable"
+    assert "broken.gguf" in rows["broken"]["message"]
+
+
+def test_the_pairs_plan_adds_the_draft_to_the_targets(catalog):
+    out = draft_choices("target", catalog, EngineConfig(ctx_size=256), SpecConfig())
+    alone = out["plan"]
+    pair = next(r for r in out["data"] if r["id"] == "draft")["plan"]
+    assert [m["role"] for m in alone["models"]] == ["target"]
+    assert [m["role"] for m in pair["models"]] == ["target", "draft"]
+    assert pair["total"] > alone["total"] and pair["fits"]
+    # a longer context is a larger plan: the plan is the server's settings', not a constant
+    longer = draft_choices("target", catalog, EngineConfig(ctx_size=4096), SpecConfig())
+    assert longer["plan"]["total"] > alone["total"]
