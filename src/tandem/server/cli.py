@@ -24,6 +24,7 @@ import time
 from .. import flags
 from ..config import SamplingParams, SpecConfig
 from ..errors import TandemError
+from .router.settings import RouterSettings
 from .settings import IgnoredFlags, ServerSettings
 
 log = logging.getLogger("tandem.server")
@@ -37,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_config_args(p.add_argument_group("server (llama-server's spelling)"),
                           ServerSettings)
     flags.add_config_args(p.add_argument_group(
+        "router mode: many models, one child server each (no --model)"), RouterSettings)
+    flags.add_config_args(p.add_argument_group(
         "accepted for llama-server's command lines, no effect (said once in the log, why)"),
         IgnoredFlags)
     flags.add_config_args(p.add_argument_group(
@@ -48,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging()
     for line in getattr(args, "env_used", ()):  # llama-server's variables (envargs.py)
         log.info("environment: %s", line)
+    if getattr(args, "models_dir", None) or getattr(args, "models_preset", None):
+        from .router.main import run as run_router  # router mode (router/)
+
+        return run_router(args, add_arguments, _settings,
+                          lambda s: [_listen(h, s.port) for h in _hosts(s.host)])
     try:
         settings = _settings(args)
         socks = [_listen(host, settings.port) for host in _hosts(settings.host)]

@@ -1,0 +1,110 @@
+"""`tandem serve --models-dir DIR | --models-preset FILE` with no --model: the router.
+
+At start, before listening: the catalog is read (a preset key Tandem does not know, a folder
+that is not there: exit 2 naming it), and every model's command line is parsed as its child
+will parse it (a bad value in a preset fails now, naming the model). Then the router listens,
+starts the models marked load-on-startup, and serves until SIGINT/SIGTERM, when every child is
+stopped.
+
+`server/cli.py` hands in its parser builder and its settings function (the router is below it:
+no import goes back up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Callable
+
+from ... import flags
+from ...config import SpecConfig
+from ...errors import TandemError
+from ..settings import ServerSettings
+from .catalog import Catalog
+from .children import common_args
+from .settings import RouterSettings
+
+log = logging.getLogger("tandem.server")
+
+
+class _Strict(flags.Parser):
+    """`tandem serve`'s parser, whose errors are raised (a child's command line checked)."""
+
+    def error(self, message: str) -> None:
+        raise TandemError(message)
+
+
+def run(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable,
+        listen: Callable) -> int:
+    try:
+        router, settings, models = _prepare(args, add_arguments, settings_of)
+        socks = listen(settings)
+    except TandemError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return e.exit_code
+    import uvicorn
+
+    from .app import create_router_app
+
+    state = argparse.Namespace(settings=settings)
+    app = create_router_app(state, models, router.models_autoload)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           lifespan="on", timeout_graceful_shutdown=3))
+    for sock in socks:
+        host, port = sock.getsockname()[:2]
+        log.info("router listening on http://%s:%d: %d model(s), at most %s loaded, autoload "
+                 "%s", host, port, len(models.instances), router.models_max or "any number",
+                 "on" if router.models_autoload else "off")
+
+    @app.on_event("startup")
+    async def _startup():
+        for inst in models.instances.values():
+            if inst.entry.load_on_startup:
+                asyncio.create_task(models.load(inst.entry.id))
+
+    @app.on_event("shutdown")
+    async def _shutdown():
+        await models.close()
+
+    server.run(sockets=socks)
+    return 0
+
+
+def _prepare(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable):
+    router = flags.config_of(RouterSettings, args)
+    if args.model is not None:
+        raise TandemError("--models-dir / --models-preset start a router, which has no --model "
+                          "of its own: give the models in the folder or the preset, or drop "
+                          "those flags to serve one model")
+    parser = _Strict(prog="tandem serve")
+    add_arguments(parser)
+    catalog = Catalog(router.models_dir, router.models_preset, parser)
+    common = common_args(list(args.argv[2:]), parser)
+    settings = flags.config_of(ServerSettings, args, model="router", model_draft=None,
+                               engine=flags.engine_config(args),
+                               spec=SpecConfig(types=["none"]),
+                               sampling=flags.sampling_params(args))
+
+    def plan_of(argv: list[str]):
+        """A child's command line -> its memory plan, as `tandem serve` computes it."""
+        from ...check import memory_plan
+
+        s = settings_of(parser.parse_args(argv))
+        return memory_plan(s.engine, s.spec, s.model, s.model_draft, embeddings=s.embeddings,
+                           mmproj=s.mmproj)
+
+    from .children import child_argv
+    from .models import Models
+
+    for e in catalog.entries():  # each child's flags parsed now, as the child will
+        argv = child_argv(e, common, 0, e.draft)[4:]
+        try:
+            parser.parse_args(argv)
+        except TandemError as err:
+            raise TandemError(f"model {e.id} ({e.source}): {err}") from None
+    log.info("router: %d model(s): %s", len(catalog.entries()),
+             ", ".join(e.id for e in catalog.entries()) or "none")
+    return router, settings, Models(catalog, common, router.models_max, plan_of)
+
