@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           ServerSettings)
     flags.add_config_args(p.add_argument_group(
         "router mode: many models, one child server each (no --model)"), RouterSettings)
+    from ..cluster.settings import FleetSettings  # (no Ray import: --replicas loads it)
+
+    flags.add_config_args(p.add_argument_group(
+        "replicas on Ray Serve (pip install 'tandem[cluster]'; docs/cluster.md)"), FleetSettings)
     flags.add_config_args(p.add_argument_group(
         "accepted for llama-server's command lines, no effect (said once in the log, why)"),
         IgnoredFlags)
@@ -58,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
                           lambda s: [_listen(h, s.port) for h in _hosts(s.host)])
     try:
         settings = _settings(args)
+        if getattr(args, "replicas", None) is not None or getattr(args, "ray", "local") != "local":
+            return _serve_fleet(args, settings)
         socks = [_listen(host, settings.port) for host in _hosts(settings.host)]
     except TandemError as e:
         print(f"tandem: error: {e}", file=sys.stderr)
@@ -111,6 +117,14 @@ def run(args: argparse.Namespace) -> int:
         if state.worker is not None:
             state.worker.stop()
     return outcome["code"]
+
+
+def _serve_fleet(args: argparse.Namespace, settings: ServerSettings) -> int:
+    """--replicas N: the same server as N engine replicas on Ray Serve (cluster/)."""
+    from ..cluster.launch import serve
+    from ..cluster.settings import FleetSettings
+
+    return serve(settings, flags.config_of(FleetSettings, args), _load_models)
 
 
 def _warn_features(s) -> None:

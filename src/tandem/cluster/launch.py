@@ -1,0 +1,181 @@
+"""`tandem serve --replicas N`: Ray started (on 127.0.0.1) or joined, the fleet checked against
+the cluster's CPUs, the application deployed (the ingress, N engine replicas behind the
+prefix router, the board), served until SIGINT / SIGTERM, then everything this command
+started stopped.
+
+    tandem serve -m model.gguf --replicas 2 --threads 1 --port 8080       a local Ray instance
+    ray start --head --node-ip-address 127.0.0.1 --num-cpus 8             (once, elsewhere)
+    tandem serve -m model.gguf --replicas 4 --threads 2 --ray auto        joins it
+
+Bad input (--replicas 0, a --ray address where nothing answers, more CPUs than the cluster
+has free) is one line and exit 2, with nothing left running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import threading
+
+from ..errors import TandemError
+from .settings import INSTALL, FleetSettings
+
+log = logging.getLogger("tandem.server")
+APP = "tandem"
+ANSWER_S = 3.0  # how long a --ray host:port has to accept a connection
+
+
+def serve(settings, fleet: FleetSettings, load) -> int:
+    """Serve the fleet until a signal; `load(state)` loads one replica's models
+    (server/cli.py's). Raises TandemError for what the user must change."""
+    _check(settings)
+    if fleet.ray == "local":  # every Ray server on 127.0.0.1, advertised as such
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read when ray is imported)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report leaves the machine
+    try:
+        import ray
+        from ray import serve as ray_serve
+    except ImportError as e:
+        raise TandemError(f"--replicas needs Ray Serve, which is not installed ({e}): "
+                          f"{INSTALL}") from None
+    started = _connect(ray, fleet.ray)
+    deployed = False
+    try:
+        threads = _threads(ray, settings, fleet)
+        settings.engine = dataclasses.replace(settings.engine, n_threads=threads)
+        deployed = True  # from here on, there may be something of ours to stop
+        board = _deploy(ray, ray_serve, settings, fleet, threads, load)  # noqa: F841 (kept:
+        # a named actor lives while its creator holds a handle)
+        log.info("serving %d replica(s) x %d thread(s) at http://%s:%d (Ray: %s)",
+                 fleet.replicas, threads, settings.host, settings.port,
+                 "a local instance" if started else fleet.ray)
+        _wait_for_signal()
+        return 0
+    finally:
+        _stop(ray, ray_serve if deployed else None, started)
+
+
+def _check(settings) -> None:
+    """What a fleet does not do (yet), and a port already taken, said before Ray starts (its
+    proxy opens the port with SO_REUSEPORT: a second server there would share it)."""
+    if "," in settings.host:
+        raise TandemError(f"--host {settings.host}: with --replicas, one address (Ray Serve's "
+                          "proxy listens on one)")
+    host = settings.host.strip("[]")
+    try:
+        family = socket.getaddrinfo(host, settings.port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, settings.port))
+    except OSError as e:
+        raise TandemError(f"cannot listen on {host}:{settings.port}: {e.strerror or e}; pick "
+                          "another --port or --host") from None
+    for on, flag in ((settings.sleep_idle_seconds > 0, "--sleep-idle-seconds"),
+                     (bool(settings.tools) or settings.ui_mcp_proxy, "--tools/--ui-mcp-proxy")):
+        if on:
+            raise TandemError(f"{flag} is not supported with --replicas")
+
+
+def _connect(ray, address: str) -> bool:
+    """Start a local instance (True) or join a cluster (False)."""
+    common = dict(namespace="tandem", log_to_driver=True, configure_logging=True,
+                  logging_level=logging.WARNING)
+    if address == "local":
+        ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count(),
+                 object_store_memory=256 * 2**20, **common)
+        return True
+    if address != "auto":
+        _answers(address)
+    try:
+        ray.init(address=address, **common)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise TandemError(f"--ray {address}: cannot join the Ray cluster: "
+                          f"{str(e).splitlines()[0]}") from None
+    return False
+
+
+def _answers(address: str) -> None:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise TandemError(f"--ray {address}: give local, auto or host:port (the head's GCS "
+                          "port, 6379 by default)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ANSWER_S).close()
+    except OSError as e:
+        raise TandemError(f"--ray {address}: nothing answers there ({e.strerror or e}); is "
+                          "`ray start --head` running on that host?") from None
+
+
+def _threads(ray, settings, fleet: FleetSettings) -> int:
+    """--threads per replica (0: the cluster's CPUs shared out), checked against the CPUs."""
+    total = int(ray.cluster_resources().get("CPU", 0))
+    free = int(ray.available_resources().get("CPU", 0))
+    threads = settings.engine.n_threads or max(1, total // fleet.replicas)
+    if fleet.replicas * threads > free:
+        raise TandemError(f"--replicas {fleet.replicas} x --threads {threads} needs "
+                          f"{fleet.replicas * threads} CPUs; the Ray cluster has {free} free "
+                          f"(of {total}): lower --replicas or --threads, or add nodes")
+    return threads
+
+
+def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
+    """The board (returned: it lives while held), the replicas, the ingress, the proxy."""
+    from ray.serve.config import RequestRouterConfig
+
+    from .board import NAME, NAMESPACE, Board
+    from .ingress import Ingress
+    from .replica import EngineReplica
+    from .router import PrefixRouter
+
+    board = ray.remote(Board).options(name=NAME, namespace=NAMESPACE, num_cpus=0).remote()
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    engines = ray_serve.deployment(
+        EngineReplica, name="Engine", num_replicas=fleet.replicas,
+        ray_actor_options={"num_cpus": threads},
+        max_ongoing_requests=settings.max_queue + settings.engine.n_parallel,
+        request_router_config=RequestRouterConfig(
+            request_router_class=PrefixRouter,
+            request_router_kwargs={"slack": settings.engine.n_parallel + 1}),
+        health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
+        max_constructor_retry_count=1, logging_config=quiet)
+    ingress = ray_serve.deployment(
+        Ingress, name="Ingress", num_replicas=1,
+        ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000, logging_config=quiet)
+    ray_serve.start(http_options={"host": settings.host, "port": settings.port},
+                    logging_config=quiet)
+    try:
+        ray_serve.run(ingress.bind(engines.bind(settings, load), settings, fleet.replicas),
+                      name=APP, route_prefix="/", logging_config=quiet)
+    except RuntimeError as e:  # a replica's constructor failed (the models did not load)
+        raise TandemError(f"the replicas did not start: {str(e).splitlines()[0]} (their "
+                          "log is above)") from None
+    return board
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    log.info("stopping the fleet")
+
+
+def _stop(ray, ray_serve, started: bool) -> None:
+    """Everything this command started: the whole local instance, or on a joined cluster the
+    application and the board."""
+    try:
+        if ray_serve is not None:
+            if started:
+                ray_serve.shutdown()
+            else:
+                ray_serve.delete(APP)
+                from .board import NAME, NAMESPACE
+
+                ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
+    except Exception as e:  # stopping: say it, go on
+        log.warning("stopping Ray Serve: %s", e)
+    finally:
+        ray.shutdown()
