@@ -1,4 +1,4 @@
-"""The draft picker's judgement (server/drafts.py): every other model of a router's catalog is
+"""The draft picker's judgement (server/router/drafts.py): every other model of a router's catalog is
 accepted as a draft with the pair's memory plan, or refused naming the rule `tandem check`
 applies; on tiny generated models."""
 
@@ -7,9 +7,20 @@ from __future__ import annotations
 import pytest
 
 from tandem.config import EngineConfig, SpecConfig
-from tandem.server.drafts import draft_choices
+from tandem.check import memory_plan
+from tandem.server.router.drafts import draft_choices
 
 from . import tiny
+
+
+def plans(target, ctx_size: int):
+    """plan_for as the router gives it: the target's plan with that draft, as serve makes it."""
+    cfg = EngineConfig(ctx_size=ctx_size)
+
+    def plan_for(draft):
+        spec = SpecConfig(types=["draft-simple"] if draft else ["none"])
+        return memory_plan(cfg, spec, str(target), draft and str(draft)).as_json()
+    return plan_for
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +36,7 @@ def catalog(tmp_path_factory):
 
 
 def test_each_other_model_is_accepted_or_refused_by_name(catalog):
-    out = draft_choices("target", catalog, EngineConfig(ctx_size=256), SpecConfig())
+    out = draft_choices("target", catalog, plans(catalog[0][1], 256))
     rows = {r["id"]: r for r in out["data"]}
     assert out["model"] == "target" and set(rows) == {"target", "draft", "llama", "broken"}
     assert rows["draft"]["accepted"] and rows["draft"]["rule"] is None
@@ -40,12 +51,12 @@ def test_each_other_model_is_accepted_or_refused_by_name(catalog):
 
 
 def test_the_pairs_plan_adds_the_draft_to_the_targets(catalog):
-    out = draft_choices("target", catalog, EngineConfig(ctx_size=256), SpecConfig())
+    out = draft_choices("target", catalog, plans(catalog[0][1], 256))
     alone = out["plan"]
     pair = next(r for r in out["data"] if r["id"] == "draft")["plan"]
     assert [m["role"] for m in alone["models"]] == ["target"]
     assert [m["role"] for m in pair["models"]] == ["target", "draft"]
     assert pair["total"] > alone["total"] and pair["fits"]
-    # a longer context is a larger plan: the plan is the server's settings', not a constant
-    longer = draft_choices("target", catalog, EngineConfig(ctx_size=4096), SpecConfig())
+    # the plan follows the settings it is given (the child's command line in the router)
+    longer = draft_choices("target", catalog, plans(catalog[0][1], 4096))
     assert longer["plan"]["total"] > alone["total"]

@@ -5,6 +5,7 @@
                                  that model of the catalog as its draft, null with none)
     POST /models/unload          {"model"}: stop it
     GET  /models/sse             the models' events as server-sent events
+    GET  /models/drafts?model=X  Tandem's: every other model judged as X's draft (drafts.py)
     GET  /props                  the router's own (?model=X: that model's)
     GET  /health                 the router is up
     /, /static/...               the web page (--no-ui: off)
@@ -33,6 +34,7 @@ from ..app import Guard, error_response
 from ..cors import Cors
 from ..page import routes as page
 from ..schemas import ApiError
+from .drafts import router as drafts_router
 from .models import FAKE_TIMING, Instance, Models, sse_line
 
 log = logging.getLogger("tandem.server")
@@ -64,6 +66,7 @@ def create_router_app(state, models: Models, autoload: bool) -> FastAPI:
     app.add_middleware(Guard, state=state)
     app.add_middleware(Cors, allowed=state.settings.cors_origins)
     _routes(app, models)
+    app.include_router(drafts_router)  # GET /models/drafts: the page's draft picker
     if state.settings.ui:
         app.include_router(page.router)
     app.add_api_route("/{path:path}", _forward, methods=METHODS)

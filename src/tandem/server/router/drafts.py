@@ -15,15 +15,20 @@ once after its first look.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from ..check import ModelInfo, inspect_model
-from ..config import EngineConfig, SpecConfig
-from ..errors import TandemError
-from ..memory import plan
-from ..speculative.compat import check_compatible
+from fastapi import APIRouter, Request
+
+from ...check import ModelInfo, inspect_model
+from ...errors import TandemError
+from ...memory import available_memory
+from ...speculative.compat import check_compatible
+from ..schemas import ApiError
+from .children import child_argv
 
 _lock = threading.Lock()
 _seen: dict[tuple[str, int, int], ModelInfo] = {}
@@ -42,22 +47,13 @@ def _inspect(path: Path) -> ModelInfo:
     return info
 
 
-def _pair_plan(target: ModelInfo, draft: ModelInfo | None, cfg: EngineConfig,
-               spec: SpecConfig) -> dict:
-    """The memory plan of the target (and the draft) as the server would load them."""
-    models = [target.spec]
-    if draft is not None:
-        models.append(dataclasses.replace(draft.spec, role="draft"))
-    pool = spec.suffix_pool if "suffix" in (spec.types or ()) else 0
-    return plan(models, cfg, spec.spare_positions, pool_tokens=pool,
-                draft_vocab=spec.draft_vocab if draft is not None else 0).as_json()
-
-
-def draft_choices(model: str, catalog: list[tuple[str, Path]], cfg: EngineConfig,
-                  spec: SpecConfig) -> dict:
+def draft_choices(model: str, catalog: list[tuple[str, Path]],
+                  plan_for: Callable[[Path | None], dict]) -> dict:
     """Every other model of `catalog` ((id, first GGUF file) pairs) judged as a draft for
     `model`: accepted with the pair's plan, or refused with the rule that fails. A file that
-    cannot be read is refused with the reading's error (the others are still judged)."""
+    cannot be read is refused with the reading's error (the others are still judged).
+    plan_for(draft file or None): the memory plan (as_json) of the target loaded with it, as
+    the server would load them."""
     paths = dict(catalog)
     target = _inspect(paths[model])
     out = []
@@ -79,9 +75,41 @@ def draft_choices(model: str, catalog: list[tuple[str, Path]], cfg: EngineConfig
         compat = check_compatible(target.tokenizer, draft.tokenizer)
         row.update(accepted=compat.ok, rule=compat.rule, message=compat.message)
         if compat.ok:
-            row["plan"] = _pair_plan(target, draft, cfg, spec)
+            row["plan"] = plan_for(path)
             if draft.size >= target.size:
                 row["message"] += (f"; it is not smaller than the target ({draft.size >> 20} "
                                    f"MiB against {target.size >> 20} MiB): it will not pay")
         out.append(row)
-    return {"model": model, "plan": _pair_plan(target, None, cfg, spec), "data": out}
+    return {"model": model, "plan": plan_for(None), "data": out}
+
+
+router = APIRouter()
+_plans: dict[tuple, object] = {}  # (child argv, files' stamps) -> MemoryPlan
+
+
+@router.get("/models/drafts")
+async def drafts(request: Request, model: str = ""):
+    """The router's catalog judged as drafts for `model` (app.state.models: models.py)."""
+    models = request.app.state.models
+    entry = models.catalog.get(model)
+    if entry is None:
+        raise ApiError(404, f"model '{model}' not found: not in --models-dir or "
+                            "--models-preset (GET /models lists them)")
+    catalog = [(e.id, e.path) for e in models.catalog.entries()]
+
+    def plan_for(draft: Path | None) -> dict:
+        # the child's own command line, so the plan is the one its load will check
+        argv = child_argv(entry, models.common, 0, None if draft is None else str(draft))[4:]
+        key = (tuple(argv), *(_stamp(p) for p in (entry.path, draft) if p is not None))
+        if key not in _plans:
+            _plans[key] = models.plan_of(argv)
+        # what is available now (models load and unload), against the plan read once
+        now, source = available_memory()
+        return dataclasses.replace(_plans[key], available=now, available_source=source).as_json()
+
+    return await asyncio.to_thread(draft_choices, entry.id, catalog, plan_for)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
