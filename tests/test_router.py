@@ -123,6 +123,8 @@ def test_lists_every_model_of_the_folder_and_the_preset(router, models):
     assert httpx.get(f"{router.url}/health", timeout=10).status_code == 200
     v1 = httpx.get(f"{router.url}/v1/models", timeout=10).json()["data"]
     assert [m["id"] for m in v1] == sorted(listing)
+    page = httpx.get(f"{router.url}/", timeout=10)  # the web page, as in single-model mode
+    assert page.status_code == 200 and "<html" in page.text.lower()
 
 
 def test_a_chat_loads_its_model_and_is_routed_by_name(router):

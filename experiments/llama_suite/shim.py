@@ -5,6 +5,8 @@ llama.cpp's `tools/server/tests/utils.py` starts the binary named by LLAMA_SERVE
 with llama-server's flags. This shim passes every flag through to `tandem serve` unchanged,
 except the model download flags (`--hf-repo`, `--hf-file`, `--model-url`), which name models
 that no machine here can fetch: each suite model is replaced by a local one of the same kind.
+The suite's router preset (no model at all: llama-server then serves the models of its cache)
+gets --models-preset with the cache's model names, each its stand-in (router_preset).
 Nothing else is dropped or rewritten, so an unsupported flag fails the test as it should.
 
 Usage: LLAMA_SERVER_BIN_PATH=experiments/llama_suite/shim.py pytest ... (see run.sh)
@@ -51,6 +53,35 @@ def reranker() -> str:
     return RERANKER
 
 
+# the suite's router tests name the models of llama-server's cache (the hub's, downloaded by
+# its other presets): a preset whose sections are those names, each a local stand-in above
+CACHE_MODELS = ("ggml-org/tinygemma3-GGUF:Q8_0", "ggml-org/test-model-stories260K:F32",
+                "ggml-org/test-model-stories260K-infill:F32")
+ROUTER_PRESET = os.path.expanduser("~/.cache/tandem/suite/router-cache.ini")
+
+
+def router_preset() -> str:
+    """llama-server's router with no models given serves its cache; Tandem's serves a preset:
+    the cache's names, each its stand-in's file (tinygemma3 with its projector)."""
+    python = os.path.join(os.path.dirname(TANDEM), "python")
+    stand_in = {m: next(local for key, local in REPLACE if key in m) for m in CACHE_MODELS}
+    names = sorted(set(stand_in.values()))
+    paths = subprocess.run([python, "-c", "import sys\nfrom tandem.registry import resolve\n"
+                            "for n in sys.argv[1:]: print(resolve(n))", *names],
+                           check=True, capture_output=True, text=True).stdout.split()
+    path = dict(zip(names, paths))
+    sections = []
+    for model in CACHE_MODELS:
+        local = stand_in[model]
+        extra = f"mmproj = {mmproj()}\n" if local == "gemma3-270m" else ""
+        sections.append(f"[{model}]\nmodel = {path[local]}\n{extra}")
+    os.makedirs(os.path.dirname(ROUTER_PRESET), exist_ok=True)
+    with open(ROUTER_PRESET + ".partial", "w") as f:
+        f.write("\n".join(sections))
+    os.replace(ROUTER_PRESET + ".partial", ROUTER_PRESET)
+    return ROUTER_PRESET
+
+
 def main(argv):
     out, model_hint, i = [], None, 0
     while i < len(argv):
@@ -61,9 +92,11 @@ def main(argv):
             continue
         out.append(arg)
         i += 1
-    if "--model" not in out and "-m" not in out:
-        # a download is replaced by its local stand-in; the suite's multi-model "router"
-        # preset (no model at all) gets the small model too: Tandem serves one model
+    router = not ({"--model", "-m", "--models-dir", "--models-preset"} & set(out))
+    if model_hint is None and router:  # the suite's router preset: no model at all
+        out = ["--models-preset", router_preset(), *out]
+    elif "--model" not in out and "-m" not in out and model_hint is not None:
+        # a download is replaced by its local stand-in
         name = next(local for key, local in REPLACE if key in (model_hint or ""))
         name = reranker() if name == "reranker" else name
         out = ["--model", name, *out]

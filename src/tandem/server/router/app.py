@@ -129,8 +129,11 @@ def _routes(app: FastAPI, models: Models) -> None:
 
         async def events():
             try:
-                while True:
-                    yield sse_line(await queue.get())
+                while not models.closing():  # a stopping server ends its streams
+                    try:
+                        yield sse_line(await asyncio.wait_for(queue.get(), 0.5))
+                    except asyncio.TimeoutError:
+                        continue
             finally:
                 models.subscribers.discard(queue)
 

@@ -72,6 +72,17 @@ def child_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ROUTER_ENV}
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the router dies, even by SIGKILL, so that
+    no model is left running without its router."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -91,7 +102,8 @@ class Child:
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=child_env())
+            stderr=asyncio.subprocess.STDOUT, env=child_env(),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self._reader = asyncio.create_task(self._copy_log())
 
     async def _copy_log(self) -> None:

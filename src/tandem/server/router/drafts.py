@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 
 from ...check import ModelInfo, inspect_model
 from ...errors import TandemError
-from ...memory import available_memory
+from ...memory import available_memory, fmt_bytes
 from ...speculative.compat import check_compatible
 from ..schemas import ApiError
 from .children import child_argv
@@ -77,8 +77,8 @@ def draft_choices(model: str, catalog: list[tuple[str, Path]],
         if compat.ok:
             row["plan"] = plan_for(path)
             if draft.size >= target.size:
-                row["message"] += (f"; it is not smaller than the target ({draft.size >> 20} "
-                                   f"MiB against {target.size >> 20} MiB): it will not pay")
+                row["message"] += (f"; it is not smaller than the target ({fmt_bytes(draft.size)}"
+                                   f" against {fmt_bytes(target.size)}): it will not pay")
         out.append(row)
     return {"model": model, "plan": plan_for(None), "data": out}
 

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable
     app = create_router_app(state, models, router.models_autoload)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            lifespan="on", timeout_graceful_shutdown=3))
+    models.closing = lambda: server.should_exit
     for sock in socks:
         host, port = sock.getsockname()[:2]
         log.info("router listening on http://%s:%d: %d model(s), at most %s loaded, autoload "

@@ -79,6 +79,7 @@ class Models:
         self.subscribers: set[asyncio.Queue] = set()
         self.client = httpx.AsyncClient(timeout=None)
         self._changed = asyncio.Event()
+        self.closing: Callable[[], bool] = lambda: False  # the server is stopping (main.py)
 
     # --- events -------------------------------------------------------------------------
     def notify(self, event: str, name: str, data: dict | None = None) -> None:
