@@ -19,6 +19,7 @@ a stream that has started, an error event and the end of the stream.
 import asyncio
 import json
 import logging
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +36,7 @@ from .replica import loopback_grpc
 
 log = logging.getLogger("tandem.server")
 TRIES = 3
+READY_S = 0.25
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -43,23 +45,24 @@ app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 class _Ingress:
     """The deployment's class (launch.py deploys `Ingress`, the end of this file)."""
 
-    def __init__(self, engines, settings, replicas: int) -> None:
+    def __init__(self, settings, replicas: int, engines: str) -> None:
         import ray
 
         loopback_grpc()
-        self.engines = engines.options(stream=True)
+        self.engines_app, self.engines = engines, None  # the replicas' application
         self.settings, self.replicas = settings, replicas
         self.guard = Guard(None, ServerState(settings))  # the API key of /metrics
         self.board = ray.get_actor(NAME, namespace=NAMESPACE)
         self.tok, self.tok_tried = None, False
+        self.asked = (0.0, 0)  # (when, replicas ready)
 
     @app.get("/health")
     @app.get("/v1/health")
     async def health(self) -> JSONResponse:
-        ready = len((await self.board.fleet.remote())["replicas"])
+        self.asked = (0.0, 0)  # asked now
+        ready = await self._ready()
         if ready == 0:
-            return error_response(ApiError(503, "Loading model: no replica is ready yet "
-                                                f"(0 of {self.replicas})"))
+            return error_response(_loading(self.replicas))
         return JSONResponse({"status": "ok", "replicas_ready": ready,
                              "replicas": self.replicas})
 
@@ -79,8 +82,10 @@ class _Ingress:
         call = {"method": request.method, "path": request.url.path,
                 "query": request.url.query, "headers": list(request.headers.items()),
                 "body": body, "client": tuple(request.client) if request.client else None}
-        route = await self._route(request, body)
         path = request.url.path
+        if await self._ready() == 0:  # loading, or every replica gone: Ray is replacing them
+            return error_response(_loading(self.replicas), path)
+        route = await self._route(request, body)
         gen, took, why = None, None, ""
         for _ in range(TRIES):
             gen = self.engines.call.remote(call, route=route)
@@ -104,6 +109,18 @@ class _Ingress:
                               for k, v in start["headers"]]
         stream.raw_headers.append((b"x-tandem-replica", took["replica"].encode()))
         return stream
+
+    async def _ready(self) -> int:
+        """Replicas ready now (reporting to the board, asked at most every READY_S); the
+        handle once one is."""
+        now = time.monotonic()
+        if now - self.asked[0] > READY_S:
+            self.asked = (now, len((await self.board.fleet.remote())["replicas"]))
+        ready = self.asked[1]
+        if ready and self.engines is None:
+            self.engines = serve.get_deployment_handle(
+                "Engine", app_name=self.engines_app).options(stream=True)
+        return ready
 
     async def _route(self, request: Request, body: bytes) -> Route:
         session = request.headers.get("x-session")
@@ -140,6 +157,10 @@ class _Ingress:
         except Exception as e:
             log.warning("routing by bytes, not tokens: the tokenizer of %s: %s", path, e)
         return self.tok
+
+
+def _loading(replicas: int) -> ApiError:
+    return ApiError(503, f"Loading model: no replica is ready yet (0 of {replicas})")
 
 
 def _load_tokenizer(path: str):

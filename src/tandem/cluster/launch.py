@@ -24,7 +24,7 @@ from ..errors import TandemError
 from .settings import INSTALL, FleetSettings
 
 log = logging.getLogger("tandem.server")
-APP = "tandem"
+APP, ENGINES = "tandem", "tandem-engines"  # the ingress's application, the replicas'
 ANSWER_S = 3.0  # how long a --ray host:port has to accept a connection
 
 
@@ -145,9 +145,13 @@ def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000, logging_config=quiet)
     ray_serve.start(http_options={"host": settings.host, "port": settings.port},
                     logging_config=quiet)
+    # the ingress first, in an application of its own: it answers at once (/health 503
+    # "Loading model" until a replica is ready), as one server listens before it loads
+    ray_serve.run(ingress.bind(settings, fleet.replicas, ENGINES), name=APP, route_prefix="/",
+                  logging_config=quiet)
     try:
-        ray_serve.run(ingress.bind(engines.bind(settings, load), settings, fleet.replicas),
-                      name=APP, route_prefix="/", logging_config=quiet)
+        ray_serve.run(engines.bind(settings, load), name=ENGINES, route_prefix=None,
+                      logging_config=quiet)
     except RuntimeError as e:  # a replica's constructor failed (the models did not load)
         raise TandemError(f"the replicas did not start: {str(e).splitlines()[0]} (their "
                           "log is above)") from None
@@ -172,6 +176,7 @@ def _stop(ray, ray_serve, started: bool) -> None:
                 ray_serve.shutdown()
             else:
                 ray_serve.delete(APP)
+                ray_serve.delete(ENGINES)
                 from .board import NAME, NAMESPACE
 
                 ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
