@@ -93,3 +93,49 @@ def test_pick_the_target_and_a_compatible_draft_then_chat_and_compare(router, br
     finally:
         context.close()
     assert errors == []
+
+
+@pytest.mark.real
+def test_the_real_pair_on_a_routers_page(tmp_path, browser):
+    """The issue's workflow with the real models: the Qwen2.5-Coder target, SmolLM2 refused by
+    name, the 0.5B draft picked and loaded, a greedy answer equal to the target alone's."""
+    from tandem.registry import pull
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("default", "default-draft", "smollm2-135m"):
+        path = pull(name, quiet=True)
+        (models / path.name).symlink_to(path)
+    target, draft = pull("default", quiet=True).stem, pull("default-draft", quiet=True).stem
+    s = Server(["--models-dir", str(models), "--api-key", KEY, "-t", "2", "-c", "2048"],
+               tmp_path / "router.log")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    try:
+        s.wait_ready(120)
+        pg.goto(s.url + "/")
+        pg.wait_for_selector("#key-dialog[open]", timeout=10_000)
+        pg.fill("#key-input", KEY)
+        pg.click("#key-save")
+        pg.wait_for_selector("#models:not([hidden])", timeout=20_000)
+        pg.select_option("#pick-target", target)
+        pg.wait_for_selector(f"#pick-draft option[value='{draft}']", state="attached",
+                             timeout=120_000)
+        smol = pg.locator("#pick-draft option[value='SmolLM2-135M-Instruct.Q4_1']")
+        assert smol.is_disabled() and "refused (bos)" in smol.inner_text()
+        assert "SmolLM2-135M-Instruct.Q4_1: refused by the bos rule" in pg.inner_text(
+            "#pick-refused")
+        pg.select_option("#pick-draft", draft)
+        assert "Memory plan for the pair" in pg.inner_text("#pick-plan")
+        pg.click("#pick-load")
+        pg.wait_for_function("document.querySelector('#pick-status').textContent"
+                             ".startsWith('Answers:')", timeout=300_000)
+        settings(pg, temperature=0, max_tokens=48, spec_type="draft-simple")
+        ask(pg, "Write a Python function that reverses a string.", timeout=300_000)
+        assert stored_answer(pg)["stats"]["timings"]["draft_n_accepted"] > 0
+        pg.click(".compare-button")
+        pg.wait_for_selector(".compare .same", timeout=300_000)
+        assert pg.locator(".compare .same").get_attribute("data-identical") == "true"
+    finally:
+        context.close()
+        s.stop()

@@ -64,13 +64,23 @@ const Picker = {
     sel.replaceChildren(new Option("none (the target alone)", ""));
     refused.replaceChildren();
     if (!model) return;
+    document.getElementById("pick-plan").textContent = "Reading the models…";
+    let drafts;
     try {
-      this.drafts = await (await api("models/drafts?model=" + encodeURIComponent(model))).json();
+      drafts = await (await api("models/drafts?model=" + encodeURIComponent(model))).json();
     } catch (e) {
+      drafts = { error: e.message };
+    }
+    // another target picked while this one was read: its own answer fills the lists
+    if (document.getElementById("pick-target").value !== model) return;
+    sel.replaceChildren(new Option("none (the target alone)", ""));
+    refused.replaceChildren();
+    if (drafts.error) {
       this.drafts = null;
-      document.getElementById("pick-plan").textContent = "Cannot read the drafts: " + e.message;
+      document.getElementById("pick-plan").textContent = "Cannot read the drafts: " + drafts.error;
       return;
     }
+    this.drafts = drafts;
     for (const d of this.drafts.data) {
       const o = new Option(d.accepted ? d.id : `${d.id}: refused (${d.rule})`, d.id);
       o.disabled = !d.accepted;
