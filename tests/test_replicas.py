@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,8 @@ from tests.servers import AUTH, GREEDY, KEY, SERVE, Server
 
 pytest.importorskip("ray.serve", reason="the cluster extra: pip install -e '.[cluster]'")
 
-ARGS = ["--ctx-size", "2048", "--threads", "1", "--metrics", "--api-key", KEY]
+ARGS = ["--ctx-size", "2048", "--threads", "1", "--metrics", "--api-key", KEY,
+        "--spec-type", "suffix"]
 SYSTEM = "You are a careful assistant who answers in one short line. " * 3
 
 
@@ -97,10 +99,10 @@ def post(s: Server, path: str, body: dict, headers: dict | None = None) -> httpx
     return r
 
 
-def stream(s: Server, path: str, body: dict) -> list[str]:
+def stream(s: Server, path: str, body: dict, headers: dict | None = None) -> list[str]:
     """The `data:` payloads of an SSE answer."""
-    with httpx.stream("POST", f"{s.url}{path}", json={**body, "stream": True}, headers=AUTH,
-                      timeout=60) as r:
+    with httpx.stream("POST", f"{s.url}{path}", json={**body, "stream": True},
+                      headers={**AUTH, **(headers or {})}, timeout=60) as r:
         assert r.status_code == 200, r.read()
         return [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
 
@@ -192,6 +194,31 @@ def test_a_session_sticks_to_its_replica(fleet):
                                         "id_slot": 0}).headers["x-tandem-replica"]
             for k in range(4)}
     assert len(seen) == 1
+
+
+def test_an_answer_given_on_one_replica_drafts_on_the_other(fleet):
+    """The suffix pool across replicas: the same request on the replica that did not answer it
+    is drafted from the answer the other gave (origin "suffix-pool")."""
+    # sampled, seeded: the same answer again, and one the request's own suffix cannot draft
+    # (the tiny model's greedy answers repeat themselves)
+    body = {"prompt": "The shared pool, told once: " * 3, "n_predict": 160, "ignore_eos": True,
+            "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7}
+    first = post(fleet, "/completion", body)
+    answered = first.headers["x-tandem-replica"]
+    other = next(f"pool-{k}" for k in range(40) if post(
+        fleet, "/completion", {"prompt": f"bind {k}", "n_predict": 1},
+        headers={"x-session": f"pool-{k}"}).headers["x-tandem-replica"] != answered)
+    time.sleep(1.5)  # a report each way: published, then taken by the other replica
+    with httpx.stream("POST", f"{fleet.url}/completion", json={**body, "stream": True},
+                      headers={**AUTH, "x-session": other}, timeout=60) as r:
+        assert r.headers["x-tandem-replica"] != answered
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == first.json()["content"]
+    # the first time, nothing to draft from (a sampled answer does not repeat itself); the
+    # second, on the other replica, most tokens come from drafts of the first answer
+    assert first.json()["timings"]["draft_n_accepted"] < 0.1 * body["n_predict"]
+    drafted = sum(o == "suffix" for e in events for o in e.get("origins", []))
+    assert drafted > 0.5 * body["n_predict"], drafted
 
 
 # ---- Ray on loopback ---------------------------------------------------------------------------

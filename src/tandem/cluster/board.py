@@ -1,5 +1,6 @@
 """The board: one small Ray actor every engine replica reports to twice a second (its counters,
-queue depth, KV use, model path), read by the ingress for the fleet's /health and /metrics.
+queue depth, KV use, model path, finished answers), read by the ingress for the fleet's
+/health and /metrics, and passing the answers on to the other replicas' suffix pools.
 
 A replica that stops reporting for STALE seconds (it died, or Ray is replacing it) is not
 ready; its last counters are kept in `retired`, so the fleet's counters never go back.
@@ -16,7 +17,7 @@ per replica the gauges a scheduler reads (llm-d's: queue depth, KV cache use):
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from ..server.metrics import PREFIX
 
@@ -45,14 +46,28 @@ COUNTERS = (
 
 
 class Board:
-    """The actor (launch.py starts it as ray.remote(Board), named NAME)."""
+    """The actor (launch.py starts it as ray.remote(Board), named NAME). It also passes the
+    replicas' finished answers on (sharedpool.py): a ring of the latest, at most
+    `pool_tokens` tokens, each numbered, so a replica asks for those after the last it saw."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool_tokens: int = 0) -> None:
         self.live: dict[str, tuple[float, dict]] = {}
         self.retired: Counter = Counter()
+        self.pool_tokens, self.held, self.last = pool_tokens, 0, 0
+        self.answers: deque[tuple[int, str, list[int]]] = deque()
 
-    def report(self, replica: str, snap: dict) -> None:
+    def report(self, replica: str, snap: dict, answers: list[list[int]] = (),
+               after: int = 0) -> tuple[int, list[list[int]]]:
+        """A replica's report and its new answers; the others' answers numbered past `after`
+        (a new replica, after=0, gets every one the ring holds), and the last number."""
         self.live[replica] = (time.monotonic(), snap)
+        for tokens in answers if self.pool_tokens > 0 else ():
+            self.last += 1
+            self.answers.append((self.last, replica, tokens))
+            self.held += len(tokens)
+        while self.held > self.pool_tokens:
+            self.held -= len(self.answers.popleft()[2])
+        return self.last, [t for n, r, t in self.answers if n > after and r != replica]
 
     def fleet(self) -> dict:
         """{"replicas": {id: snapshot} of those reporting, "retired": summed counters}."""

@@ -129,7 +129,8 @@ def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
     from .replica import EngineReplica
     from .router import PrefixRouter
 
-    board = ray.remote(Board).options(name=NAME, namespace=NAMESPACE, num_cpus=0).remote()
+    board = ray.remote(Board).options(name=NAME, namespace=NAMESPACE, num_cpus=0).remote(
+        settings.spec.suffix_pool)  # (a replica without a pool publishes nothing)
     quiet = {"log_level": "WARNING", "enable_access_log": False}
     engines = ray_serve.deployment(
         EngineReplica, name="Engine", num_replicas=fleet.replicas,

@@ -20,6 +20,7 @@ import sys
 import threading
 
 from .board import NAME, NAMESPACE, snapshot
+from .sharedpool import share
 
 log = logging.getLogger("tandem.server")
 REPORT_EVERY = 0.5  # seconds between reports to the board
@@ -65,15 +66,25 @@ class EngineReplica:
         self.state.status = "ready"
         self.app = create_app(self.state)
         self.board = ray.get_actor(NAME, namespace=NAMESPACE)
+        self.pool, self.after = share(self.state.engine), 0  # answers seen from the board
         self.stopped = threading.Event()
         threading.Thread(target=self._report, name="tandem-report", daemon=True).start()
         log.info("replica %s ready", self.id)
 
     def _report(self) -> None:
+        """Twice a second: counters and new answers to the board, the others' answers back
+        into this replica's pool (sharedpool.py)."""
+        import ray
+
         while not self.stopped.wait(REPORT_EVERY):
             try:
-                self.board.report.remote(self.id, snapshot(self.state))
-            except Exception as e:  # the board gone: the fleet is stopping
+                answers = self.pool.take_outbox() if self.pool is not None else []
+                ref = self.board.report.remote(self.id, snapshot(self.state), answers,
+                                               self.after)
+                if self.pool is not None:
+                    self.after, others = ray.get(ref, timeout=5)
+                    self.pool.inbox.extend(others)
+            except Exception as e:  # the board gone (the fleet is stopping), or slow
                 log.debug("report: %s", e)
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica is stopped
