@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -283,19 +284,26 @@ def test_without_ray_replicas_says_how_to_install(model):
 
 
 def test_a_killed_replica(fleet):
-    """Killed mid-stream: the stream ends with an error event; other requests are answered;
-    Ray replaces the replica and the fleet reports two ready again."""
+    """Killed mid-stream: the stream ends with an error event, a request waiting on it gets a
+    502 that says so, other requests are answered, and Ray replaces the replica: the fleet
+    reports two ready again."""
     body = {"prompt": "tell me everything", "n_predict": 1800, "ignore_eos": True,
             "stream": True, **GREEDY}
-    with httpx.stream("POST", f"{fleet.url}/completion", json=body, headers=AUTH,
-                      timeout=60) as r:
+    victim = {**AUTH, "x-session": "victim"}
+    with httpx.stream("POST", f"{fleet.url}/completion", json=body, headers=victim,
+                      timeout=60) as r, ThreadPoolExecutor(1) as pool:
         replica = r.headers["x-tandem-replica"]
         lines = r.iter_lines()
         assert next(ln for ln in lines if ln.startswith("data: "))
+        waiting = pool.submit(httpx.post, f"{fleet.url}/completion", headers=victim,
+                              json={"prompt": "queued behind", "n_predict": 4}, timeout=60)
+        time.sleep(0.5)  # it reaches the replica, behind the stream (one slot)
         os.kill(_pid_of(fleet, replica), signal.SIGKILL)
         rest = [ln[6:] for ln in lines if ln.startswith("data: ")]
+        queued = waiting.result()
     last = json.loads(rest[-1])
     assert "error" in last and "failed" in last["error"]["message"], rest[-3:]
+    assert queued.status_code == 502 and "failed" in queued.json()["error"]["message"]
     for i in range(4):  # none hangs: the survivor (or a retry) answers each
         post(fleet, "/completion", {"prompt": f"after {i}", "n_predict": 3, **GREEDY})
     deadline = time.monotonic() + 60

@@ -7,7 +7,8 @@ conversation on the replica holding its cached prefix.
     router.py     that rule as Ray Serve's RequestRouter (choose_replicas)
     replica.py    the engine deployment: the server's own FastAPI app, called in-process
     ingress.py    the HTTP ingress: forwards every route, answers the fleet's /health, /metrics
-    board.py      the actor the replicas report to (counters, queue depth, KV use)
+    board.py      the actor the replicas report to (counters, queue depth, KV use, answers)
+    sharedpool.py the suffix pool across replicas, through the board
     launch.py     Ray started or joined, the checks, the application deployed, shut down
 
 The server imports this package only when --replicas is given (server/cli.py).

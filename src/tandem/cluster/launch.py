@@ -35,6 +35,7 @@ def serve(settings, fleet: FleetSettings, load) -> int:
     if fleet.ray == "local":  # every Ray server on 127.0.0.1, advertised as such
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read when ray is imported)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report leaves the machine
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # each replica's log lines, each named
     try:
         import ray
         from ray import serve as ray_serve
