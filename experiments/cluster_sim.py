@@ -12,9 +12,10 @@ least recently used dropped beyond its cache (KV slots + host prompt cache, in t
 request's cached prefix is the longest it shares with one of them (the shared system prompt at
 least, once the replica has served anything).
 
-Routers: round-robin; power-of-two-choices on load (queued + running); `prefix` (Tandem's
-fleet router): the replica with the longest cached prefix unless its load exceeds the least
-loaded's by more than --imbalance, then power of two choices.
+Routers: round-robin; power-of-two-choices on load (queued + running); `prefix`: Tandem's
+fleet router, the rule of `tandem.cluster.affinity` itself (the replica sent the longest prefix
+of the prompt, in 16-token blocks, unless its queue is more than --imbalance requests longer
+than the shortest; two choices otherwise).
 
     python experiments/cluster_sim.py --measure --out bench/results/cluster-sim/costs.json
     python experiments/cluster_sim.py --costs bench/results/cluster-sim/costs.json \\
@@ -22,7 +23,7 @@ loaded's by more than --imbalance, then power of two choices.
     python experiments/cluster_sim.py --costs ... --closed 4 --layouts 1x2,2x1
         (throughput at a fixed concurrency: one replica of 2 threads against two of 1)
 
-Standard library only (the measuring mode loads the default target).
+Standard library and Tandem's own routing rule (the measuring mode loads the default target).
 """
 
 from __future__ import annotations
@@ -146,27 +147,36 @@ class Replica:
         self.served_any = True
 
 
+def tokens_of(r: Request, system: int) -> list[int]:
+    """The request's prompt as token ids: the shared system prompt, then its conversation's
+    own tokens (the same ids at the same positions in every turn: a turn extends the last)."""
+    return list(range(system)) + [1000 + hash((r.session, p)) % 50000
+                                  for p in range(system, r.prompt)]
+
+
 def choose(router: str, reps: list[Replica], r: Request, rng: random.Random, state: dict,
            system: int, imbalance: int) -> Replica:
     if router == "round-robin":
         state["next"] = (state.get("next", -1) + 1) % len(reps)
         return reps[state["next"]]
-    a, b = rng.sample(reps, 2) if len(reps) > 1 else (reps[0], reps[0])
-    p2c = a if a.load <= b.load else b
     if router == "p2c":
-        return p2c
-    best = max(reps, key=lambda x: (x.cached_for(r, system), -x.load))
-    least = min(x.load for x in reps)
-    if best.cached_for(r, system) > system and best.load <= least + imbalance:
-        return best
-    return p2c
+        a, b = rng.sample(reps, 2) if len(reps) > 1 else (reps[0], reps[0])
+        return a if a.load <= b.load else b
+    # Tandem's fleet router: the rule of tandem.cluster.affinity itself
+    from tandem.cluster.affinity import Affinity, Route, block_keys
+
+    aff = state.setdefault("affinity", Affinity(slack=imbalance, rng=rng))
+    route = Route(keys=block_keys(tokens_of(r, system)))
+    first = aff.choose([str(x.idx) for x in reps], lambda name: reps[int(name)].load, route)[0]
+    aff.record(first, route)
+    return reps[int(first)]
 
 
 # ---- the simulation ------------------------------------------------------------------------
 
 
 def simulate(reps: list[Replica], router: str, arrivals: list[tuple[float, int, int]],
-             wl: Workload, rng: random.Random, imbalance: int = 4,
+             wl: Workload, rng: random.Random, imbalance: int = 2,
              closed: int = 0, horizon: float = 0.0) -> list[Request]:
     """arrivals: (time, session, turns) of each conversation; closed > 0: that many clients
     instead, each sending its next request when the last is answered, until `horizon`."""
@@ -341,7 +351,8 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.8,
                     help="offered load per replica, as a fraction of its unbatched capacity")
     ap.add_argument("--conversations-per-replica", type=int, default=40)
-    ap.add_argument("--imbalance", type=int, default=4)
+    ap.add_argument("--imbalance", type=int, default=2,
+                    help="the prefix router's slack (tandem.cluster.affinity.Affinity)")
     ap.add_argument("--closed", type=int, default=0, help="clients (closed loop)")
     ap.add_argument("--layouts", type=lambda s: s.split(","), default=["1x2", "2x1"])
     ap.add_argument("--horizon", type=float, default=600.0)
