@@ -272,6 +272,15 @@ def test_bad_input_is_one_line_and_exit_2(model, flags, says):
     assert set(_ray_processes()) - before == set()  # nothing of its left running
 
 
+def test_a_model_that_cannot_load_is_said_before_ray_starts(model):
+    bad = model.parent / "truncated.gguf"
+    bad.write_bytes(model.read_bytes()[:100_000])
+    r = subprocess.run([*SERVE, "-m", str(bad), "--port", "0", "--replicas", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is truncated" in r.stderr.splitlines()[-1]
+    assert "Ray" not in r.stderr  # said before it started
+
+
 def test_without_ray_replicas_says_how_to_install(model):
     code = ("import sys; sys.modules['ray'] = None; from tandem.cli import main; "
             f"sys.exit(main(['serve', '-m', {str(model)!r}, '--port', '0', '--replicas', '2']))")

@@ -32,7 +32,8 @@ def serve(settings, fleet: FleetSettings, load) -> int:
     """Serve the fleet until a signal; `load(state)` loads one replica's models
     (server/cli.py's). Raises TandemError for what the user must change."""
     _check(settings)
-    if fleet.ray == "local":  # every Ray server on 127.0.0.1, advertised as such
+    _check_models(settings)
+    if _loopback(fleet.ray):  # every Ray server on 127.0.0.1, advertised as such
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read when ray is imported)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report leaves the machine
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # each replica's log lines, each named
@@ -59,6 +60,13 @@ def serve(settings, fleet: FleetSettings, load) -> int:
         _stop(ray, ray_serve if deployed else None, started)
 
 
+def _loopback(address: str) -> bool:
+    """A local instance, or a cluster this machine runs on 127.0.0.1 (`ray start --head
+    --node-ip-address 127.0.0.1`): this driver is a node on loopback too."""
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    return address == "local" or host in ("127.0.0.1", "localhost", "::1")
+
+
 def _check(settings) -> None:
     """What a fleet does not do (yet), and a port already taken, said before Ray starts (its
     proxy opens the port with SO_REUSEPORT: a second server there would share it)."""
@@ -79,6 +87,16 @@ def _check(settings) -> None:
             raise TandemError(f"{flag} is not supported with --replicas")
 
 
+def _check_models(settings) -> None:
+    """The models read (a name pulled once here, not by N replicas at once) and checked as
+    `tandem check` does, so a file that cannot load is said once, before Ray starts."""
+    from ..check import inspect_model
+
+    inspect_model("target", settings.model)
+    if settings.model_draft is not None and "draft-eagle3" not in settings.spec.types:
+        inspect_model("draft", settings.model_draft)
+
+
 def _connect(ray, address: str) -> bool:
     """Start a local instance (True) or join a cluster (False)."""
     common = dict(namespace="tandem", log_to_driver=True, configure_logging=True,
@@ -92,8 +110,11 @@ def _connect(ray, address: str) -> bool:
     try:
         ray.init(address=address, **common)
     except (ConnectionError, RuntimeError, ValueError) as e:
+        hint = "" if os.environ.get("RAY_AUTH_MODE") else (
+            " (Ray clusters use token authentication by default: an explicit address needs "
+            "RAY_AUTH_MODE=token, and the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")
         raise TandemError(f"--ray {address}: cannot join the Ray cluster: "
-                          f"{str(e).splitlines()[0]}") from None
+                          f"{str(e).splitlines()[0]}{hint}") from None
     return False
 
 
@@ -155,8 +176,8 @@ def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
         ray_serve.run(engines.bind(settings, load), name=ENGINES, route_prefix=None,
                       logging_config=quiet)
     except RuntimeError as e:  # a replica's constructor failed (the models did not load)
-        raise TandemError(f"the replicas did not start: {str(e).splitlines()[0]} (their "
-                          "log is above)") from None
+        raise TandemError(f"the replicas did not start: {str(e).splitlines()[0]} (each "
+                          "replica's 'error:' line is above)") from None
     return board
 
 

@@ -62,7 +62,11 @@ class EngineReplica:
         self.id = serve.get_replica_context().replica_id.unique_id
         _log_to_stderr(self.id)
         self.state = ServerState(settings)
-        load(self.state)  # the memory plan, the models, the warm-up, the worker
+        try:
+            load(self.state)  # the memory plan, the models, the warm-up, the worker
+        except Exception as e:  # one line in the driver's log, then Ray's traceback
+            log.error("error: %s", e)
+            raise
         self.state.status = "ready"
         self.app = create_app(self.state)
         self.board = ray.get_actor(NAME, namespace=NAMESPACE)
