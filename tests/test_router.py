@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import threading
 import time
@@ -43,10 +44,17 @@ def models(tmp_path_factory):
                                                              split_max_tensors=10))
             tiny.write_gguf(alpha, root / name / "m.gguf", "qwen2")
     (root / "broken" / "m-00002-of-00003.gguf").unlink()
+    # llama-server's cache (the hub's layout): org/tiny-GGUF:Q8_0, beta's file
+    snap = d / "cache" / "models--org--tiny-GGUF" / "snapshots" / ("ab" * 20)
+    snap.mkdir(parents=True)
+    (snap / "tiny-Q8_0.gguf").symlink_to(root / "beta.gguf")
+    (d / "cache" / "models--org--tiny-GGUF" / "refs").mkdir()
+    (d / "cache" / "models--org--tiny-GGUF" / "refs" / "main").write_text("ab" * 20)
     preset = d / "models.ini"
     preset.write_text(f"version = 1\n\n[*]\nctx-size = 256\n\n[beta]\nn-predict = 6\n\n"
                       f"[custom]\nmodel = {root / 'beta.gguf'}\ntemp = 0\n\n"
-                      f"[huge]\nmodel = {root / 'alpha.gguf'}\nc = 400000000\n")
+                      f"[huge]\nmodel = {root / 'alpha.gguf'}\nc = 400000000\n\n"
+                      "[hub]\nhf-repo = org/tiny-GGUF\ndedup-cache-models = 1\n")
     return d, root, preset
 
 
@@ -54,7 +62,8 @@ def models(tmp_path_factory):
 def router(models):
     d, root, preset = models
     s = Server(["--models-dir", str(root), "--models-preset", str(preset), "--models-max", "2",
-                "--threads", "1", "--no-warmup"], d / "router.log")
+                "--threads", "1", "--no-warmup"], d / "router.log",
+               env={**os.environ, "LLAMA_CACHE": str(d / "cache")})
     try:
         s.wait_ready(60)
         yield s
@@ -108,8 +117,10 @@ def _chat(s: Server, model: str, **extra) -> dict:
 def test_lists_every_model_of_the_folder_and_the_preset(router, models):
     _, root, _ = models
     listing = _listing(router)
-    assert sorted(listing) == ["alpha", "alpha-draft", "beta", "broken", "custom", "huge",
-                               "split"]
+    # the cache's org/tiny-GGUF:Q8_0 is hidden by [hub]'s dedup-cache-models
+    assert sorted(listing) == ["alpha", "alpha-draft", "beta", "broken", "custom", "hub",
+                               "huge", "split"]
+    assert listing["hub"]["path"].endswith("tiny-Q8_0.gguf")
     alpha, split = listing["alpha"], listing["split"]
     assert alpha["status"] == {"value": "unloaded"} and alpha["draft"] is None
     assert alpha["path"] == str(root / "alpha.gguf") and alpha["source"] == "models_dir"
@@ -219,6 +230,12 @@ def test_a_draft_picked_at_load_gives_the_targets_own_greedy_output(router):
     assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
 
 
+def test_a_cache_model_hidden_from_the_list_still_answers(router):
+    _unload_all(router)
+    hidden = _chat(router, "org/tiny-GGUF:Q8_0")  # beta's file, through llama-server's cache
+    assert hidden["choices"] == _chat(router, "hub")["choices"]
+
+
 def test_a_split_model_loads_from_its_shards(router):
     _unload_all(router)
     assert _chat(router, "split")["choices"] == _chat(router, "alpha")["choices"]
@@ -251,7 +268,8 @@ def test_bad_requests_are_refused_by_name_and_the_others_keep_serving(router):
 
 def _start(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([*SERVE, *args, "--port", "0"], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+                          timeout=60, cwd=tmp_path,
+                          env={**os.environ, "LLAMA_CACHE": str(tmp_path / "no-cache")})
 
 
 def test_a_preset_key_tandem_does_not_know_stops_the_start(models, tmp_path):

@@ -6,11 +6,12 @@ with llama-server's flags. This shim passes every flag through to `tandem serve`
 except the model download flags (`--hf-repo`, `--hf-file`, `--model-url`), which name models
 that no machine here can fetch: each suite model is replaced by a local one of the same kind.
 The suite's router preset (no model at all: llama-server then serves the models of its cache)
-gets --models-preset with the cache's model names, each its stand-in (router_preset).
+finds the cache's models, each linked to its stand-in (router_cache), and an empty preset.
 Nothing else is dropped or rewritten, so an unsupported flag fails the test as it should.
 
 Usage: LLAMA_SERVER_BIN_PATH=experiments/llama_suite/shim.py pytest ... (see run.sh)
 """
+import hashlib
 import os
 import subprocess
 import sys
@@ -54,15 +55,17 @@ def reranker() -> str:
 
 
 # the suite's router tests name the models of llama-server's cache (the hub's, downloaded by
-# its other presets): a preset whose sections are those names, each a local stand-in above
-CACHE_MODELS = ("ggml-org/tinygemma3-GGUF:Q8_0", "ggml-org/test-model-stories260K:F32",
-                "ggml-org/test-model-stories260K-infill:F32")
-ROUTER_PRESET = os.path.expanduser("~/.cache/tandem/suite/router-cache.ini")
+# its other presets): the cache is written with those names, each a link to its stand-in above
+CACHE_MODELS = {"ggml-org/tinygemma3-GGUF:Q8_0": "tinygemma3-Q8_0.gguf",
+                "ggml-org/test-model-stories260K:F32": "stories260K-F32.gguf",
+                "ggml-org/test-model-stories260K-infill:F32": "stories260K-infill-F32.gguf"}
+EMPTY_PRESET = os.path.expanduser("~/.cache/tandem/suite/router-empty.ini")
 
 
-def router_preset() -> str:
-    """llama-server's router with no models given serves its cache; Tandem's serves a preset:
-    the cache's names, each its stand-in's file (tinygemma3 with its projector)."""
+def router_cache() -> None:
+    """llama-server's router with no models given serves its cache ($LLAMA_CACHE, which the
+    suite sets to tmp/, in the hub's layout): the cache's names, each linked to its stand-in's
+    file (tinygemma3 with its projector), which Tandem's router reads (server/router/hfcache.py)."""
     python = os.path.join(os.path.dirname(TANDEM), "python")
     stand_in = {m: next(local for key, local in REPLACE if key in m) for m in CACHE_MODELS}
     names = sorted(set(stand_in.values()))
@@ -70,16 +73,32 @@ def router_preset() -> str:
                             "for n in sys.argv[1:]: print(resolve(n))", *names],
                            check=True, capture_output=True, text=True).stdout.split()
     path = dict(zip(names, paths))
-    sections = []
-    for model in CACHE_MODELS:
-        local = stand_in[model]
-        extra = f"mmproj = {mmproj()}\n" if local == "gemma3-270m" else ""
-        sections.append(f"[{model}]\nmodel = {path[local]}\n{extra}")
-    os.makedirs(os.path.dirname(ROUTER_PRESET), exist_ok=True)
-    with open(ROUTER_PRESET + ".partial", "w") as f:
-        f.write("\n".join(sections))
-    os.replace(ROUTER_PRESET + ".partial", ROUTER_PRESET)
-    return ROUTER_PRESET
+    root = os.environ.get("LLAMA_CACHE") or os.path.expanduser("~/.cache/huggingface/hub")
+    for model, file in CACHE_MODELS.items():
+        repo = model.split(":")[0]
+        commit = hashlib.sha1(repo.encode()).hexdigest()
+        d = os.path.join(root, "models--" + repo.replace("/", "--"))
+        snap = os.path.join(d, "snapshots", commit)
+        os.makedirs(snap, exist_ok=True)
+        os.makedirs(os.path.join(d, "refs"), exist_ok=True)
+        with open(os.path.join(d, "refs", "main"), "w") as f:
+            f.write(commit)
+        links = {file: path[stand_in[model]]}
+        if stand_in[model] == "gemma3-270m":
+            links["mmproj-tinygemma3.gguf"] = mmproj()
+        for name, target in links.items():
+            link = os.path.join(snap, name)
+            if not os.path.lexists(link):
+                os.symlink(target, link)
+
+
+def empty_preset() -> str:
+    """Tandem's router starts with --models-dir or --models-preset: an empty preset (the
+    cache's models only, as llama-server with neither)."""
+    os.makedirs(os.path.dirname(EMPTY_PRESET), exist_ok=True)
+    with open(EMPTY_PRESET, "w") as f:
+        f.write("; llama-server's cache only\n")
+    return EMPTY_PRESET
 
 
 def main(argv):
@@ -93,8 +112,10 @@ def main(argv):
         out.append(arg)
         i += 1
     router = not ({"--model", "-m", "--models-dir", "--models-preset"} & set(out))
-    if model_hint is None and router:  # the suite's router preset: no model at all
-        out = ["--models-preset", router_preset(), *out]
+    if model_hint is None and (router or "--models-preset" in out):  # the router preset
+        router_cache()
+        if router:
+            out = ["--models-preset", empty_preset(), *out]
     elif "--model" not in out and "-m" not in out and model_hint is not None:
         # a download is replaced by its local stand-in
         name = next(local for key, local in REPLACE if key in (model_hint or ""))

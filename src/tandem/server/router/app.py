@@ -85,8 +85,8 @@ def _routes(app: FastAPI, models: Models) -> None:
         if reload:
             models.reload()
         now = int(time.time())
-        return {"data": [_item(i, models, now) for i in models.instances.values()],
-                "object": "list"}
+        return {"data": [_item(i, models, now) for i in models.instances.values()
+                         if not i.entry.hidden], "object": "list"}
 
     @app.post("/models/load")
     async def load(request: Request):
@@ -243,6 +243,7 @@ async def _proxy(request: Request, models: Models, inst: Instance, body: bytes) 
             done = True
             inst.busy -= 1
             models.tick()
+            models.wake()
 
     try:
         if FAKE_TIMING:

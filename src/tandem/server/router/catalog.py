@@ -4,14 +4,19 @@
                           DIR/NAME/*.gguf               model NAME: its GGUF, a projector (a file
                                                         whose name holds "mmproj"), or a split
                                                         model's shards (-00001-of-0000N first)
+    llama-server's cache  models--user--repo/...        model user/repo:TAG (hfcache.py; a
+                                                        directory model of that name wins)
     --models-preset FILE  [NAME] model = PATH, keys     model NAME with its own flags
+                          [NAME] hf-repo = user/repo    the same, the file from the cache
                           [*] keys                      every model's flags (a section wins)
-                          [NAME] keys (NAME in DIR)     that directory model's flags
+                          [NAME] keys (NAME in DIR)     that directory (or cache) model's flags
 
 A key is a `tandem serve` flag without its dashes (ctx-size, c, model-draft, spec-type), or its
 LLAMA_ARG_* variable; `jinja = false` is --no-jinja. load-on-startup, stop-timeout and
-dedup-cache-models are the preset's own (llama-server's). A key Tandem does not know is an
-error at start naming the key, the section and the file (exit 2).
+dedup-cache-models are the preset's own (llama-server's; dedup-cache-models hides the cache
+entries of a section's hf-repo files from the list). A key Tandem does not know, and a download
+(hf-file, model-url, or an hf-repo not in the cache), is an error at start naming the key, the
+section and the file (exit 2).
 
 `Catalog` holds them as `Entry`s (id, first GGUF, shards, projector, flags); the router's
 state keeps it at `app.state.catalog`, and `reload` reads the sources again (GET
@@ -28,16 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import TandemError
+from . import hfcache
 
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 COMPANION_PREFIXES = ("mtp-", "dspark-", "dflash-")  # llama-server's draft sidecars: skipped
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
+HF_MODEL, HF_DRAFT = ("hf-repo", "hfr"), ("spec-draft-hf", "hf-repo-draft", "hfd", "hfrd")
 # set by the router for each child: a preset's value would be overwritten (llama-server's
 # unset_reserved_args), so it is refused rather than silently dropped
 RESERVED = ("host", "port", "api-key", "models-dir", "models-preset", "models-max",
             "models-autoload", "no-models-autoload")
-DOWNLOADS = ("hf-repo", "hfr", "hf-file", "hff", "model-url", "mu", "hf-repo-draft",
-             "spec-draft-hf", "hf-token")
+DOWNLOADS = ("hf-file", "hff", "model-url", "mu", "hf-token", "hf-file-draft", "hffd")
 TRUE, FALSE = ("1", "true", "on", "yes", "enabled"), ("0", "false", "off", "no", "disabled")
 GLOBAL = "*"
 
@@ -49,7 +55,7 @@ class Entry:
 
     id: str
     path: Path
-    source: str  # "models_dir" or "preset", as llama-server's GET /models says
+    source: str  # "cache", "models_dir" or "preset", as llama-server's GET /models says
     files: list[Path] = field(default_factory=list)
     mmproj: Path | None = None
     args: list[str] = field(default_factory=list)
@@ -59,6 +65,7 @@ class Entry:
     load_on_startup: bool = False
     stop_timeout: float = 10.0
     preset: str = ""  # the section as INI text (GET /models shows it)
+    hidden: bool = False  # a cache model a preset's dedup-cache-models hides from the list
 
     def model_args(self) -> list[str]:
         """The files' flags: --model, --mmproj (the preset's model-draft is among `args`)."""
@@ -67,8 +74,8 @@ class Entry:
 
 
 class Catalog:
-    """The entries of --models-dir and --models-preset, by id; `parser` is `tandem serve`'s,
-    whose flags a preset's keys name."""
+    """The entries of llama-server's cache (hfcache.py), --models-dir and --models-preset, by
+    id; `parser` is `tandem serve`'s, whose flags a preset's keys name."""
 
     def __init__(self, models_dir: str | None, preset: str | None,
                  parser: argparse.ArgumentParser) -> None:
@@ -77,17 +84,22 @@ class Catalog:
         self.reload()
 
     def reload(self) -> None:
-        """Read the directory and the preset again (a missing one is a TandemError)."""
-        entries: dict[str, Entry] = {}
+        """Read the cache, the directory and the preset again (a missing folder or file is a
+        TandemError); a directory model replaces a cache model of its name."""
+        cache = hfcache.cached_models()
+        # (not resolved: a hub cache's files are links to blobs without their names)
+        entries = {m.id: Entry(m.id, Path(os.path.abspath(m.path)), "cache", files=m.files,
+                               mmproj=m.mmproj) for m in cache}
         if self.models_dir:
             for e in scan_dir(Path(self.models_dir)):
                 entries[e.id] = e
         if self.preset_path:
-            read_preset(Path(self.preset_path), entries, self.parser)
+            read_preset(Path(self.preset_path), entries, self.parser, cache)
         self._entries = dict(sorted(entries.items()))
 
-    def entries(self) -> list[Entry]:
-        return list(self._entries.values())
+    def entries(self, hidden: bool = False) -> list[Entry]:
+        """Every entry GET /models lists (hidden=True: the hidden ones too)."""
+        return [e for e in self._entries.values() if hidden or not e.hidden]
 
     def get(self, name: str) -> Entry | None:
         """The entry named `name`, or whose aliases hold it."""
@@ -150,32 +162,45 @@ def _shards(first: Path) -> list[Path]:
     return [(first.parent / f"{stem}-{k:05d}-of-{n:05d}.gguf").resolve() for k in range(1, n + 1)]
 
 
-def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.ArgumentParser) -> None:
-    """llama-server's INI presets into `entries`: a section naming a directory model adds its
-    flags to it, any other section is a model of its own and needs `model = PATH`."""
+def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.ArgumentParser,
+                cache: list[hfcache.CachedModel] = ()) -> None:
+    """llama-server's INI presets into `entries`: a section naming a directory or cache model
+    adds its flags to it, any other section is a model of its own and needs `model = PATH` or
+    `hf-repo = user/model[:tag]` (a model of llama-server's cache, never downloaded)."""
     ini = _parse_ini(path)
     glob = ini.pop(GLOBAL, {})
     glob_flags, _ = _section_flags(path, GLOBAL, glob, parser)
+    glob_own = _section_flags(path, GLOBAL, glob, parser)[1]
     for name, keys in ini.items():
         words, own = _section_flags(path, name, keys, parser)
+        hub = _from_cache(path, name, "hf-repo", own.get("hf-repo"), cache)
         e = entries.get(name)
         if e is None:
             model = keys.get("model")
-            if not model:
-                raise TandemError(f"{path}: [{name}] is not a model of --models-dir and has no "
-                                  "'model = PATH' (Tandem downloads nothing: hf-repo is not "
-                                  "read)")
-            p = Path(model).expanduser().resolve()
+            if not model and hub is None:
+                raise TandemError(f"{path}: [{name}] is not a model of --models-dir or the "
+                                  "cache and has neither 'model = PATH' nor 'hf-repo = "
+                                  "user/model[:tag]'")
+            p = Path(os.path.abspath(hub.path)) if hub is not None and not model else \
+                Path(model).expanduser().resolve()
             e = entries[name] = Entry(name, p, "preset", files=_shards(p))
+            if hub is not None and not model:
+                e.files, e.mmproj = hub.files, hub.mmproj
         elif keys.get("model"):
             e.path = Path(keys["model"]).expanduser().resolve()
             e.files = _shards(e.path)
-        glob_own = _section_flags(path, GLOBAL, glob, parser)[1]
         if own.get("mmproj") or glob_own.get("mmproj"):
             e.mmproj = Path(own.get("mmproj") or glob_own["mmproj"]).expanduser().resolve()
         merged = {**glob, **keys}
         e.args = glob_flags + words
         e.draft = own.get("model-draft", glob_own.get("model-draft")) or None
+        hub_draft = _from_cache(path, name, "spec-draft-hf",
+                                own.get("hf-draft", glob_own.get("hf-draft")), cache)
+        if hub_draft is not None:
+            e.draft = str(hub_draft.path)
+        if _bool(path, name, "dedup-cache-models", own.get(
+                "dedup-cache-models", glob_own.get("dedup-cache-models", "0"))):
+            _hide_cached(entries, [e.path] + ([Path(e.draft)] if e.draft else []))
         e.aliases = _list(merged.get("alias") or merged.get("a"))
         e.tags = _list(merged.get("tags"))
         e.load_on_startup = _bool(path, name, "load-on-startup",
@@ -183,6 +208,26 @@ def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.Argument
         e.stop_timeout = _number(path, name, "stop-timeout",
                                  own.get("stop-timeout", glob.get("stop-timeout", "10")))
         e.preset = "\n".join([f"[{name}]", *(f"{k} = {v}" for k, v in merged.items())])
+
+
+def _from_cache(path: Path, section: str, key: str, name: str | None,
+                cache: list[hfcache.CachedModel]) -> hfcache.CachedModel | None:
+    if not name:
+        return None
+    found = hfcache.find(name, cache)
+    if found is None:
+        raise TandemError(f"{path}: [{section}] {key} = {name}: not in llama-server's cache "
+                          f"({hfcache.cache_dir()}), and Tandem downloads nothing: download it "
+                          "with llama-server -hf, or give 'model = PATH'")
+    return found
+
+
+def _hide_cached(entries: dict[str, Entry], paths: list[Path]) -> None:
+    """dedup-cache-models: the cache entries of these files leave the list (still usable)."""
+    real = {os.path.realpath(p) for p in paths}
+    for e in entries.values():
+        if e.source == "cache" and os.path.realpath(e.path) in real:
+            e.hidden = True
 
 
 def _parse_ini(path: Path) -> dict[str, dict[str, str]]:
@@ -213,9 +258,12 @@ def _section_flags(path: Path, section: str, keys: dict[str, str],
             own[key] = value
         elif key == "model" and section != GLOBAL:
             continue  # the entry's path
+        elif key in HF_MODEL or key in HF_DRAFT:  # read from llama-server's cache
+            own["hf-repo" if key in HF_MODEL else "hf-draft"] = value
         elif key in DOWNLOADS:
             raise TandemError(f"{path}: [{section}] {key}: Tandem downloads nothing; give "
-                              "'model = PATH' of a local GGUF file")
+                              "'model = PATH' of a local GGUF file, or 'hf-repo = "
+                              "user/model[:tag]' of a model llama-server has downloaded")
         elif key.removeprefix("no-") in RESERVED:
             raise TandemError(f"{path}: [{section}] {key}: set by the router for every model "
                               "(llama-server overwrites it too); remove it from the preset")

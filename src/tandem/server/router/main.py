@@ -99,7 +99,7 @@ def _prepare(args: argparse.Namespace, add_arguments: Callable, settings_of: Cal
     from .children import child_argv
     from .models import Models
 
-    for e in catalog.entries():  # each child's flags parsed now, as the child will
+    for e in catalog.entries(hidden=True):  # each child's flags parsed now, as the child will
         argv = child_argv(e, common, 0, e.draft)[4:]
         try:
             parser.parse_args(argv)

@@ -74,7 +74,8 @@ class Models:
                  plan_of: Callable[[list[str]], object]) -> None:
         self.catalog, self.common, self.models_max = catalog, common, models_max
         self.plan_of = plan_of  # a child's argv -> its memory plan (tandem.memory.MemoryPlan)
-        self.instances: dict[str, Instance] = {e.id: Instance(e) for e in catalog.entries()}
+        self.instances: dict[str, Instance] = {
+            e.id: Instance(e) for e in catalog.entries(hidden=True)}
         self.queue: list[Waiting] = []
         self.subscribers: set[asyncio.Queue] = set()
         self.client = httpx.AsyncClient(timeout=None)
@@ -86,6 +87,10 @@ class Models:
         message = {"model": name, "event": event, **({"data": data} if data is not None else {})}
         for q in list(self.subscribers):
             q.put_nowait(message)
+        self.wake()
+
+    def wake(self) -> None:
+        """Every request waiting in `changed` looks again."""
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -331,10 +336,12 @@ class Models:
         w.waiters -= 1
         if w.waiters <= 0 and w in self.queue:
             self.queue.remove(w)
-        self._changed.set()
+        self.wake()
 
     def _claim(self, w: Waiting | None) -> bool:
-        if w is None or not self.queue or self.queue[0] is not w or w.loading or not self.has_capacity():
+        if w is None or not self.queue or self.queue[0] is not w or w.loading:
+            return False
+        if not self.has_capacity():
             return False
         w.loading = True
         return True
@@ -344,7 +351,7 @@ class Models:
         """GET /models?reload=1: new entries added, removed ones stopped and dropped, a
         changed one that is not running updated."""
         self.catalog.reload()
-        fresh = {e.id: e for e in self.catalog.entries()}
+        fresh = {e.id: e for e in self.catalog.entries(hidden=True)}
         for name in list(self.instances):
             inst = self.instances[name]
             if name not in fresh:
@@ -353,6 +360,8 @@ class Models:
                 self.notify("model_remove", name)
             elif inst.status == "unloaded":
                 inst.entry = fresh[name]
+            else:
+                inst.entry.hidden = fresh[name].hidden
         for name, e in fresh.items():
             self.instances.setdefault(name, Instance(e))
         self.notify("models_reload", "*")
