@@ -266,6 +266,20 @@ def test_bad_requests_are_refused_by_name_and_the_others_keep_serving(router):
     assert _chat(router, "alpha")["model"] == "alpha"  # still serving
 
 
+def test_a_sleeping_child_is_listed_sleeping_and_wakes_for_a_request(models, tmp_path):
+    _, root, _ = models
+    s = Server(["--models-dir", str(root), "--threads", "1", "--ctx-size", "256",
+                "--no-warmup", "--sleep-idle-seconds", "1"], tmp_path / "log",
+               env={**os.environ, "LLAMA_CACHE": str(tmp_path / "no-cache")})
+    try:
+        s.wait_ready(60)
+        before = _chat(s, "alpha")
+        _wait(s, "alpha", "sleeping", 30)
+        assert _chat(s, "alpha")["choices"] == before["choices"]  # woken, the same answer
+    finally:
+        s.stop()
+
+
 def _start(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([*SERVE, *args, "--port", "0"], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path,
@@ -284,3 +298,61 @@ def test_a_preset_key_tandem_does_not_know_stops_the_start(models, tmp_path):
     assert out.returncode == 2 and "hf-repo" in out.stderr and "downloads nothing" in out.stderr
     out = _start(["--models-dir", str(tmp_path / "none")], tmp_path)
     assert out.returncode == 2 and "none: no such folder" in out.stderr
+
+
+def _catalog(tmp_path, preset_text: str | None = None, models_dir=None):
+    from tandem.flags import Parser
+    from tandem.server import cli
+    from tandem.server.router.catalog import Catalog
+
+    parser = Parser(prog="tandem serve")
+    cli.add_arguments(parser)
+    preset = None
+    if preset_text is not None:
+        preset = tmp_path / "p.ini"
+        preset.write_text(preset_text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLAMA_CACHE", str(tmp_path / "no-cache"))
+        return Catalog(None if models_dir is None else str(models_dir),
+                       None if preset is None else str(preset), parser)
+
+
+def test_a_folder_is_read_as_llama_server_reads_it(tmp_path):
+    d = tmp_path / "m"
+    (d / "vision").mkdir(parents=True)
+    (d / "big").mkdir()
+    for name in ("one.gguf", "mmproj-x.gguf", "mtp-one.gguf", "notes.txt", "vision/v-Q8_0.gguf",
+                 "vision/mmproj-F16.gguf", "big/b-00001-of-00002.gguf",
+                 "big/b-00002-of-00002.gguf"):
+        (d / name).write_bytes(b"")
+    cat = _catalog(tmp_path, models_dir=d)
+    by_id = {e.id: e for e in cat.entries()}
+    assert sorted(by_id) == ["big", "one", "vision"]  # projectors and sidecars are not models
+    assert by_id["vision"].mmproj == (d / "vision" / "mmproj-F16.gguf").resolve()
+    assert by_id["vision"].model_args()[-2:] == ["--mmproj", str(by_id["vision"].mmproj)]
+    assert by_id["big"].path.name == "b-00001-of-00002.gguf" and len(by_id["big"].files) == 2
+
+
+def test_preset_keys_are_the_flags_short_long_or_variables(tmp_path):
+    cat = _catalog(tmp_path, "version = 1\n[*]\nc = 512\n[m]\nmodel = /x/m.gguf\n"
+                             "jinja = false\nLLAMA_ARG_N_PARALLEL = 2\nmetrics = true\n"
+                             "md = /x/d.gguf\nload-on-startup = true\nstop-timeout = 3\n")
+    m = cat.get("m")
+    assert m.args == ["-c=512", "--no-jinja", "--parallel=2", "--metrics"]
+    assert m.draft == "/x/d.gguf" and m.load_on_startup and m.stop_timeout == 3
+    assert m.source == "preset" and str(m.path) == "/x/m.gguf"
+
+
+@pytest.mark.parametrize("text,named", [
+    ("[m]\nmodel = /x/m.gguf\nport = 9\n", "port: set by the router"),
+    ("[m]\nmodel = /x/m.gguf\nhf-file = a.gguf\n", "hf-file: Tandem downloads nothing"),
+    ("[m]\nctx-size = 9\n", "[m] is not a model"),
+    ("[m]\nmodel = /x/m.gguf\njinja = perhaps\n", "jinja = 'perhaps': expected true or false"),
+    ("[m\nmodel = x\n", "not an INI file"),
+])
+def test_a_bad_preset_is_refused_naming_what(tmp_path, text, named):
+    from tandem.errors import TandemError
+
+    with pytest.raises(TandemError, match="p.ini") as e:
+        _catalog(tmp_path, text)
+    assert named in str(e.value)
