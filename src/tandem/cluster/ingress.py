@@ -24,6 +24,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 
 from ..server import anthropic
 from ..server.app import Guard, error_response
@@ -94,6 +95,9 @@ class _Ingress:
                 break
             except Exception as e:  # not started on that replica: another one
                 why = _reason(e)
+                if isinstance(e, BackPressureError):  # every replica's queue is full
+                    return error_response(ApiError(503, "the server is busy: every replica's "
+                                                        "queue is full; try again later"), path)
                 log.warning("a replica failed before taking %s %s (%s); trying another",
                             request.method, path, why)
         if took is None:

@@ -158,6 +158,8 @@ def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
         EngineReplica, name="Engine", num_replicas=fleet.replicas,
         ray_actor_options={"num_cpus": threads},
         max_ongoing_requests=settings.max_queue + settings.engine.n_parallel,
+        # past every replica's queue, a 503 at once (as one server's full queue), not a wait
+        max_queued_requests=max(1, settings.max_queue * fleet.replicas),
         request_router_config=RequestRouterConfig(
             request_router_class=PrefixRouter,
             request_router_kwargs={"slack": settings.engine.n_parallel + 1}),
