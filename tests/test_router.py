@@ -298,6 +298,10 @@ def test_a_preset_key_tandem_does_not_know_stops_the_start(models, tmp_path):
     assert out.returncode == 2 and "hf-repo" in out.stderr and "downloads nothing" in out.stderr
     out = _start(["--models-dir", str(tmp_path / "none")], tmp_path)
     assert out.returncode == 2 and "none: no such folder" in out.stderr
+    out = _start(["--models-dir", str(root), "-md", str(root / "alpha.gguf")], tmp_path)
+    assert out.returncode == 2 and "--model-draft with --models-dir" in out.stderr
+    out = _start(["--models-dir", str(root), "-m", str(root / "alpha.gguf")], tmp_path)
+    assert out.returncode == 2 and "has no --model of its own" in out.stderr
 
 
 def _catalog(tmp_path, preset_text: str | None = None, models_dir=None):

@@ -79,6 +79,12 @@ def _prepare(args: argparse.Namespace, add_arguments: Callable, settings_of: Cal
         raise TandemError("--models-dir / --models-preset start a router, which has no --model "
                           "of its own: give the models in the folder or the preset, or drop "
                           "those flags to serve one model")
+    for flag, given in (("--model-draft", args.model_draft), ("--mmproj", args.mmproj)):
+        if given:  # a model's own file: per model, in the preset
+            raise TandemError(f"{flag} with --models-dir / --models-preset: a router's models "
+                              f"each have their own; give it in the preset's section for the "
+                              f"model ({flag.lstrip('-')} = PATH), or POST /models/load "
+                              '{"model", "draft"} for a draft')
     parser = _Strict(prog="tandem serve")
     add_arguments(parser)
     catalog = Catalog(router.models_dir, router.models_preset, parser)
