@@ -144,7 +144,7 @@ def test_the_api_key_and_errors_are_the_replicas(fleet):
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
 
 
-def test_health_and_metrics_of_the_fleet(fleet):
+def test_health_and_metrics_of_the_fleet(fleet, single):
     assert httpx.get(f"{fleet.url}/health", timeout=30).json() == \
         {"status": "ok", "replicas_ready": 2, "replicas": 2}
     for i in range(4):
@@ -159,6 +159,9 @@ def test_health_and_metrics_of_the_fleet(fleet):
     assert len(depth) == 2 and all(s.value == 0 for s in depth)
     kv = families["tandem:replica_kv_cache_usage_ratio"].samples
     assert len(kv) == 2 and all(0 <= s.value <= 1 for s in kv) and max(s.value for s in kv) > 0
+    post(single, "/completion", {"prompt": "count", "n_predict": 2})
+    one = httpx.get(f"{single.url}/metrics", headers=AUTH, timeout=30).text
+    assert {f.name for f in text_string_to_metric_families(one)} <= set(families)
 
 
 # ---- routing ----------------------------------------------------------------------------------

@@ -5,9 +5,11 @@ queue depth, KV use, model path, finished answers), read by the ingress for the 
 A replica that stops reporting for STALE seconds (it died, or Ray is replacing it) is not
 ready; its last counters are kept in `retired`, so the fleet's counters never go back.
 
-The fleet's /metrics: llama-server's `llamacpp:` counters summed over the replicas (retired
-ones included), requests_processing / requests_deferred summed, n_tokens_max the largest, and
-per replica the gauges a scheduler reads (llm-d's: queue depth, KV cache use):
+The fleet's /metrics: every series of one server's. llama-server's `llamacpp:` counters summed
+over the replicas (retired ones included), requests_processing / requests_deferred summed,
+n_tokens_max the largest, the throughput gauges from the summed counters since the last
+scrape, busy slots per pass over the live replicas; and per replica the gauges a scheduler
+reads (llm-d's: queue depth, KV cache use):
 
     tandem:replicas_ready                                replicas reporting now
     tandem:replica_queue_depth{replica="..."}            requests in a slot or waiting for one
@@ -88,29 +90,48 @@ def snapshot(state) -> dict:
     cached = sum(engine.cache.length(i) for i in range(slots))
     return {"counters": {k: getattr(m, k) for _, k, _ in COUNTERS},
             "per_pos": list(m.accepted_per_pos), "n_tokens_max": m.n_tokens_max,
+            "n_busy": m.n_busy,
             "processing": m.processing, "deferred": m.deferred,
             "kv_used": cached / max(1, slots * engine.cfg.ctx_size),
             "model_path": state.model_path}
 
 
-def render(view: dict) -> bytes:
-    """The fleet's Prometheus text from Board.fleet()."""
+def render(view: dict, last: dict) -> bytes:
+    """The fleet's Prometheus text from Board.fleet(); `last` is the caller's memory of the
+    previous scrape's totals, for the throughput gauges ("since the last scrape", as
+    llama-server's), updated here."""
     reps, retired = view["replicas"], view["retired"]
     lines: list[str] = []
+    totals = {k: retired.get(k, 0) + sum(s["counters"][k] for s in reps.values())
+              for _, k, _ in COUNTERS}
+    rates = []
+    for name, tokens, seconds, doc in (
+            ("prompt_tokens_seconds", "prompt_tokens", "prompt_seconds",
+             "Average prompt throughput in tokens/s"),
+            ("predicted_tokens_seconds", "tokens_predicted", "predicted_seconds",
+             "Average generation throughput in tokens/s")):
+        dt = totals[seconds] - last.get(seconds, 0)
+        rates.append((name, doc, (totals[tokens] - last.get(tokens, 0)) / dt if dt > 0 else 0.0))
+    last.update(totals)
 
     def series(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
         lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}"])
         lines.extend(f"{name}{labels} {_number(v)}" for labels, v in samples)
 
     for name, key, doc in COUNTERS:
-        total = retired.get(key, 0) + sum(s["counters"][key] for s in reps.values())
-        series(PREFIX + name, "counter", doc, [("", total)])
+        series(PREFIX + name, "counter", doc, [("", totals[key])])
     series(PREFIX + "n_tokens_max", "counter", "Largest observed sequence length (prompt + "
            "generation)", [("", max((s["n_tokens_max"] for s in reps.values()), default=0))])
     for name, key, doc in (("requests_processing", "processing", "Number of requests "
                             "processing"), ("requests_deferred", "deferred", "Number of "
                                             "requests deferred")):
         series(PREFIX + name, "gauge", doc, [("", sum(s[key] for s in reps.values()))])
+    for name, doc, rate in rates:
+        series(PREFIX + name, "gauge", doc, [("", rate)])
+    busy = sum(s["n_busy"] for s in reps.values())
+    series(PREFIX + "n_busy_slots_per_decode", "gauge", "Average number of busy slots per "
+           "target pass", [("", busy / max(1, sum(s["counters"]["n_decode"]
+                                                   for s in reps.values())))])
     per_pos: Counter = Counter({int(k[3:]): v for k, v in retired.items()
                                 if k.startswith("pos")})
     for s in reps.values():

@@ -56,6 +56,7 @@ class _Ingress:
         self.board = ray.get_actor(NAME, namespace=NAMESPACE)
         self.tok, self.tok_tried = None, False
         self.asked = (0.0, 0)  # (when, replicas ready)
+        self.scraped: dict = {}  # the fleet's totals at the last /metrics (board.render)
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -75,7 +76,8 @@ class _Ingress:
                                                   request.headers.items()})
         if error is not None:
             return error_response(error, request.url.path)
-        return Response(render(await self.board.fleet.remote()), media_type=CONTENT_TYPE)
+        return Response(render(await self.board.fleet.remote(), self.scraped),
+                        media_type=CONTENT_TYPE)
 
     @app.api_route("/{path:path}", methods=METHODS)
     async def forward(self, request: Request) -> Response:
