@@ -133,24 +133,35 @@ class Models:
         await self.unload_lru()
         if inst.status != "unloaded":
             return
-        if not self.has_capacity():
-            raise ApiError(400, f"model {name}: the limit of {self.models_max} loaded models "
-                                "(--models-max) is reached and every loaded model is busy; "
-                                "try again later")
+        self._check_capacity(name)
         draft_path = self._draft_path(inst.entry, draft)
         port = free_port()
         argv = child_argv(inst.entry, self.common, port, draft_path)
         planned = await self._check_memory(inst.entry, argv)
         if inst.status != "unloaded":  # another request loaded it meanwhile
             return
+        self._check_capacity(name)  # (another load may have taken the last slot meanwhile)
         child = Child(name, argv, port)
         inst.child, inst.draft, inst.planned = child, self.draft_name(draft_path), planned
         inst.failed, inst.exit_code, inst.error, inst.info = False, None, "", {}
         inst.last_used = time.monotonic()
         log.info("loading %s on port %d: %s", name, port, " ".join(argv[4:]))
-        await child.start()
-        self._set(inst, "loading")
+        self._set(inst, "loading")  # before the await: no second load of it starts
+        try:
+            await child.start()
+        except OSError as e:
+            inst.child, inst.planned, inst.failed, inst.error = None, 0, True, str(e)
+            self._set(inst, "unloaded")
+            raise ApiError(500, f"model {name}: its server could not start: {e}") from None
+        if inst.stopping:  # unloaded while it was starting
+            child.kill()
         asyncio.create_task(self._watch(inst, child))
+
+    def _check_capacity(self, name: str) -> None:
+        if not self.has_capacity():
+            raise ApiError(400, f"model {name}: the limit of {self.models_max} loaded models "
+                                "(--models-max) is reached and every loaded model is busy; "
+                                "try again later")
 
     def _draft_path(self, entry: Entry, draft) -> str | None:
         if draft is ...:
