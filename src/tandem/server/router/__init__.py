@@ -2,13 +2,15 @@
 `--models-preset FILE.ini` with no --model serves many models, one child `tandem serve` each.
 
     settings.py  the router's flags (--models-dir, --models-preset, --models-max, --models-autoload)
-    catalog.py   the models it may load: a directory's files and the preset's sections, each an
-                 `Entry` (id, first GGUF, shards, projector, its own flags)
+    catalog.py   the models it may load: llama-server's cache, a directory's files and the
+                 preset's sections, each an `Entry` (id, first GGUF, shards, projector, flags)
+    hfcache.py   llama-server's cache of downloaded models (the hub's layout), read offline
     children.py  one child `tandem serve` per loaded model on a loopback port: its command line,
                  start, readiness, stop
     models.py    the models' states, the queue of requests waiting for one, the LRU eviction at
                  --models-max, the memory plan before a load, the events of /models/sse
     app.py       the router's HTTP API: /models, /models/load|unload|sse, /props, /health, the
                  page; every other request forwarded to its model's child
+    drafts.py    GET /models/drafts: the page's draft picker (each other model judged as a draft)
     main.py      `tandem serve` in router mode: checks the catalog, listens, serves
 """
