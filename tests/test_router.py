@@ -250,6 +250,8 @@ def test_bad_requests_are_refused_by_name_and_the_others_keep_serving(router):
     assert r.status_code == 404 and "'nope'" in r.json()["error"]["message"]
     r = _post(router, "/v1/chat/completions", {"messages": CHAT})
     assert r.status_code == 400 and "model name is missing" in r.json()["error"]["message"]
+    r = _post(router, "/models", {"model": "ggml-org/x:Q8_0"})  # llama-server's download
+    assert r.status_code == 400 and "downloads nothing" in r.json()["error"]["message"]
     # a split model missing a shard: refused naming it, before any child starts
     r = _post(router, "/models/load", {"model": "broken"})
     assert r.status_code == 400 and "m-00002-of-00003.gguf" in r.json()["error"]["message"]

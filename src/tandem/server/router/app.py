@@ -4,6 +4,8 @@
     POST /models/load            {"model", "draft"?}: start it (Tandem: "draft" loads it with
                                  that model of the catalog as its draft, null with none)
     POST /models/unload          {"model"}: stop it
+    POST /models, DELETE /models llama-server's download and removal: refused (Tandem
+                                 downloads and deletes nothing)
     GET  /models/sse             the models' events as server-sent events
     GET  /models/drafts?model=X  Tandem's: every other model judged as X's draft (drafts.py)
     GET  /props                  the router's own (?model=X: that model's)
@@ -121,6 +123,18 @@ def _routes(app: FastAPI, models: Models) -> None:
             raise ApiError(400, f"model '{inst.entry.id}' is not running")
         await models.unload(inst)
         return {"success": True}
+
+    @app.post("/models")
+    async def download(request: Request):  # llama-server's download into its cache
+        name = _name(await _json(request))
+        raise ApiError(400, f"model '{name}': Tandem downloads nothing; download it with "
+                            f"llama-server -hf {name} (the router reads llama-server's cache at "
+                            "GET /models?reload=1) or put its file in --models-dir")
+
+    @app.delete("/models")
+    async def remove(model: str = ""):  # llama-server's removal from its cache
+        raise ApiError(400, f"model '{model}': Tandem removes no files; delete them from "
+                            "llama-server's cache or --models-dir, then GET /models?reload=1")
 
     @app.get("/models/sse")
     async def sse(request: Request):
