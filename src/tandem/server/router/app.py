@@ -68,6 +68,7 @@ def create_router_app(state, models: Models, autoload: bool) -> FastAPI:
     app.add_middleware(Guard, state=state)
     app.add_middleware(Cors, allowed=state.settings.cors_origins)
     _routes(app, models)
+    _events_and_refusals(app, models)
     app.include_router(drafts_router)  # GET /models/drafts: the page's draft picker
     if state.settings.ui:
         app.include_router(page.router)
@@ -124,6 +125,22 @@ def _routes(app: FastAPI, models: Models) -> None:
         await models.unload(inst)
         return {"success": True}
 
+    @app.get("/props")
+    async def props(request: Request):
+        if request.query_params.get("model"):
+            return await _forward(request)
+        s = app.state.tandem.settings
+        return {"role": "router", "max_instances": models.models_max,
+                "models_autoload": app.state.autoload, "model_alias": "tandem",
+                "model_path": "none",
+                "default_generation_settings": {"params": {}, "n_ctx": 0},
+                "ui_settings": {}, "build_info": f"b{__version__}-tandem",
+                "cors_proxy_enabled": s.ui_mcp_proxy}
+
+
+def _events_and_refusals(app: FastAPI, models: Models) -> None:
+    """GET /models/sse; POST and DELETE /models, llama-server's cache downloads, refused."""
+
     @app.post("/models")
     async def download(request: Request):  # llama-server's download into its cache
         name = _name(await _json(request))
@@ -153,18 +170,6 @@ def _routes(app: FastAPI, models: Models) -> None:
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-
-    @app.get("/props")
-    async def props(request: Request):
-        if request.query_params.get("model"):
-            return await _forward(request)
-        s = app.state.tandem.settings
-        return {"role": "router", "max_instances": models.models_max,
-                "models_autoload": app.state.autoload, "model_alias": "tandem",
-                "model_path": "none",
-                "default_generation_settings": {"params": {}, "n_ctx": 0},
-                "ui_settings": {}, "build_info": f"b{__version__}-tandem",
-                "cors_proxy_enabled": s.ui_mcp_proxy}
 
 
 def _item(inst: Instance, models: Models, now: int) -> dict:
