@@ -268,13 +268,16 @@ def test_bad_requests_are_refused_by_name_and_the_others_keep_serving(router):
     assert _chat(router, "alpha")["model"] == "alpha"  # still serving
 
 
-def test_a_sleeping_child_is_listed_sleeping_and_wakes_for_a_request(models, tmp_path):
+def test_load_on_startup_then_asleep_then_woken_by_a_request(models, tmp_path):
     _, root, _ = models
-    s = Server(["--models-dir", str(root), "--threads", "1", "--ctx-size", "256",
-                "--no-warmup", "--sleep-idle-seconds", "1"], tmp_path / "log",
-               env={**os.environ, "LLAMA_CACHE": str(tmp_path / "no-cache")})
+    preset = tmp_path / "p.ini"
+    preset.write_text("[alpha]\nload-on-startup = true\n")
+    s = Server(["--models-dir", str(root), "--models-preset", str(preset), "--threads", "1",
+                "--ctx-size", "256", "--no-warmup", "--sleep-idle-seconds", "1"],
+               tmp_path / "log", env={**os.environ, "LLAMA_CACHE": str(tmp_path / "no-cache")})
     try:
         s.wait_ready(60)
+        _wait(s, "alpha", "sleeping", 60)  # loaded at start (load-on-startup), then asleep
         before = _chat(s, "alpha")
         _wait(s, "alpha", "sleeping", 30)
         assert _chat(s, "alpha")["choices"] == before["choices"]  # woken, the same answer
