@@ -46,7 +46,7 @@ def fleet(model):
         yield s
     finally:
         s.stop()
-        _wait_gone(s)
+        assert _left_of(s.proc.pid) == [], "Ray processes left running after the fleet stopped"
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +74,21 @@ def _wait_routes(s: Server, timeout: float) -> None:
     raise AssertionError(f"the ingress did not answer in {timeout} s:\n{s.log()}")
 
 
-def _wait_gone(s: Server, timeout: float = 30) -> None:
-    """The fleet's Ray processes (its descendants) all ended."""
+def _left_of(driver: int, timeout: float = 15) -> list[int]:
+    """The processes of the fleet's local Ray instance (those holding files in its folder,
+    /tmp/ray-tandem-PID) still running `timeout` s after it stopped."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _ray_processes():
+    while True:
+        left = []
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit() and any(os.readlink(fd).startswith(
+                        f"/tmp/ray-tandem-{driver}/") for fd in (p / "fd").iterdir()):
+                    left.append(int(p.name))
+            except OSError:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
         time.sleep(0.5)
 
 

@@ -18,7 +18,8 @@ import logging
 import os
 import signal
 import socket
-import threading
+import time
+from pathlib import Path
 
 from ..errors import TandemError
 from .settings import INSTALL, FleetSettings
@@ -43,9 +44,14 @@ def serve(settings, fleet: FleetSettings, load) -> int:
     except ImportError as e:
         raise TandemError(f"--replicas needs Ray Serve, which is not installed ({e}): "
                           f"{INSTALL}") from None
-    started = _connect(ray, fleet.ray)
-    deployed = False
+    for sig in (signal.SIGINT, signal.SIGTERM):  # from here on, stopped as by Ctrl-C (also
+        signal.signal(sig, _interrupt)  # where SIGINT came ignored: a background job)
+    started, deployed = fleet.ray == "local", False
+    temp = f"/tmp/ray-tandem-{os.getpid()}"  # a local instance's, to find its processes by
     try:
+        _connect(ray, fleet.ray, temp)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # again: ray.init installs its own
+            signal.signal(sig, _interrupt)
         threads = _threads(ray, settings, fleet)
         settings.engine = dataclasses.replace(settings.engine, n_threads=threads)
         deployed = True  # from here on, there may be something of ours to stop
@@ -54,10 +60,19 @@ def serve(settings, fleet: FleetSettings, load) -> int:
         log.info("serving %d replica(s) x %d thread(s) at http://%s:%d (Ray: %s)",
                  fleet.replicas, threads, settings.host, settings.port,
                  "a local instance" if started else fleet.ray)
-        _wait_for_signal()
+        while True:  # until SIGINT / SIGTERM
+            time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):  # (SystemExit: Ray's own SIGTERM handler)
+        log.info("stopping the fleet")
         return 0
     finally:
         _stop(ray, ray_serve if deployed else None, started)
+        if started:
+            _sweep(temp)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def _loopback(address: str) -> bool:
@@ -97,14 +112,14 @@ def _check_models(settings) -> None:
         inspect_model("draft", settings.model_draft)
 
 
-def _connect(ray, address: str) -> bool:
-    """Start a local instance (True) or join a cluster (False)."""
+def _connect(ray, address: str, temp: str) -> None:
+    """Start a local instance (its files under `temp`), or join a cluster."""
     common = dict(namespace="tandem", log_to_driver=True, configure_logging=True,
                   logging_level=logging.WARNING)
     if address == "local":
         ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count(),
-                 object_store_memory=256 * 2**20, **common)
-        return True
+                 object_store_memory=256 * 2**20, _temp_dir=temp, **common)
+        return
     if address != "auto":
         _answers(address)
     try:
@@ -115,7 +130,6 @@ def _connect(ray, address: str) -> bool:
             "RAY_AUTH_MODE=token, and the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")
         raise TandemError(f"--ray {address}: cannot join the Ray cluster: "
                           f"{str(e).splitlines()[0]}{hint}") from None
-    return False
 
 
 def _answers(address: str) -> None:
@@ -183,29 +197,38 @@ def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
     return board
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
-    log.info("stopping the fleet")
-
-
 def _stop(ray, ray_serve, started: bool) -> None:
     """Everything this command started: the whole local instance, or on a joined cluster the
     application and the board."""
     try:
-        if ray_serve is not None:
-            if started:
-                ray_serve.shutdown()
-            else:
-                ray_serve.delete(APP)
-                ray_serve.delete(ENGINES)
-                from .board import NAME, NAMESPACE
+        # a local instance goes whole with ray.shutdown, Serve's graceful stop skipped (it
+        # took 3-4 s, most of the 5 s llama.cpp's test suite gives a server to stop)
+        if ray_serve is not None and not started:
+            from .board import NAME, NAMESPACE
 
-                ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
+            ray_serve.delete(APP)
+            ray_serve.delete(ENGINES)
+            ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
     except Exception as e:  # stopping: say it, go on
         log.warning("stopping Ray Serve: %s", e)
     finally:
         ray.shutdown()
+
+
+def _sweep(temp: str) -> None:
+    """The local instance's processes still running after ray.shutdown (its node agents, which
+    outlive a stopped raylet; any, after a stop in the middle of starting), found by the files
+    they hold open in the instance's own folder (their titles replace their command lines),
+    and killed by their ids."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            ours = any(os.readlink(fd).startswith(temp) for fd in (proc / "fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        if ours:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:
+                pass
