@@ -70,7 +70,7 @@ class _Ingress:
 
     @app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
-        if not self.settings.metrics_endpoint:  # the replica's answer to a server without --metrics
+        if not self.settings.metrics_endpoint:  # a replica answers as without --metrics
             return await self.forward(request)
         error = self.guard._check(request.scope, {k.lower(): v for k, v in
                                                   request.headers.items()})
