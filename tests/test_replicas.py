@@ -153,6 +153,8 @@ def test_the_api_key_and_errors_are_the_replicas(fleet):
     assert r.status_code == 400 and r.json()["error"]["code"] == 400
     r = httpx.get(f"{fleet.url}/no-such-route", headers=AUTH, timeout=30)
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
+    page = httpx.get(f"{fleet.url}/", timeout=30)  # the web page, without the key
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
 
 def test_health_and_metrics_of_the_fleet(fleet, single):
