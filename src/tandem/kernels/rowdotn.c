@@ -207,6 +207,55 @@ static inline __attribute__((always_inline)) void row_dotf(int type, const uint8
 #endif
 }
 
+/* NWF weight rows (rb bytes apart) against mr <= 2 activation rows (decode): out[i][m], each
+ * output by row_dotf's steps. One row's fma chain alone waits on the fma latency (BF16 at
+ * K = 8960 ran at half the rate of bf16 activations' chain of half the length); NWF rows'
+ * chains interleaved keep the fma units busy. Prefetched in the loop, a line at a time. */
+#if TQ_AVX512
+#define NWF 8
+#else
+#define NWF 4
+#endif
+static inline __attribute__((always_inline)) void rows_dotf(int type, const uint8_t *w,
+                                                            int64_t rb, const actsf_t *A,
+                                                            int mr, float out[NWF][2]) {
+    const int64_t K = A->K;
+#if TQ_AVX512
+    __m512 acc[NWF][2];
+    for (int i = 0; i < NWF; i++)
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        for (int i = 0; i < NWF; i++) {
+            if (!(k & 31))
+                _mm_prefetch((const char *)w + i * rb + 2 * k + PF_BYTES, _MM_HINT_T0);
+            const __m512 wv = wf16(type, w + i * rb + 2 * k);
+            for (int m = 0; m < mr; m++)
+                acc[i][m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(A->x + m * K + k), acc[i][m]);
+        }
+    }
+    for (int i = 0; i < NWF; i++)
+        for (int m = 0; m < mr; m++)
+            out[i][m] = hsum16(acc[i][m]);
+#else
+    __m256 a[2][NWF][2];
+    for (int p = 0; p < 2; p++) { /* the even groups of 8, then the odd ones */
+        for (int i = 0; i < NWF; i++)
+            a[p][i][0] = a[p][i][1] = _mm256_setzero_ps();
+        for (int64_t k = 8 * p; k < K; k += 16)
+            for (int i = 0; i < NWF; i++) {
+                if (!p && !(k & 31))
+                    _mm_prefetch((const char *)w + i * rb + 2 * k + PF_BYTES, _MM_HINT_T0);
+                const __m256 wv = wf8(type, w + i * rb + 2 * k);
+                for (int m = 0; m < mr; m++)
+                    a[p][i][m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(A->x + m * K + k), a[p][i][m]);
+            }
+    }
+    for (int i = 0; i < NWF; i++)
+        for (int m = 0; m < mr; m++)
+            out[i][m] = hsum8(_mm256_add_ps(a[0][i][m], a[1][i][m]));
+#endif
+}
+
 /* ---- F16 / BF16 prompt chunks: register tiles of weight rows x activation rows ----------
  * Each output's lanes take the same fma sequence as row_dotf's (k ascending, the even and
  * odd groups of 8 apart), so every row has the one-row product's bits. AVX-512: 4 weight rows
@@ -307,12 +356,22 @@ void gemmf_range(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,
         case T_IQ4_XS: ROW_LOOP(fn, T_IQ4_XS, mr) break;                                      \
         }                                                                                     \
     }
+/* decode (mr <= 2): NWF weight rows at a time, then the rest one by one (the same bits) */
+#define ROWF_LOOP(fn, T, mr)                                                                  \
+    for (; (mr) <= 2 && n0 + NWF <= n1; n0 += NWF) {                                          \
+        float o[NWF][2];                                                                      \
+        rows_dotf(T, W + n0 * rb, rb, A, mr, o);                                              \
+        for (int i = 0; i < NWF; i++)                                                         \
+            for (int m = 0; m < (mr); m++)                                                    \
+                y[m * N + n0 + i] = o[i][m] + (bias ? bias[n0 + i] : 0.f);                    \
+    }                                                                                         \
+    ROW_LOOP(fn, T, mr)
 #define ROWSF_FN(fn, acts, mr)                                                                \
     static void fn##_rows_##mr(int t, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,  \
                                const acts *A, float *y, int64_t N, const float *bias) {      \
         switch (t) {                                                                          \
-        case T_F16: ROW_LOOP(fn, T_F16, mr) break;                                            \
-        case T_BF16: ROW_LOOP(fn, T_BF16, mr) break;                                          \
+        case T_F16: ROWF_LOOP(fn, T_F16, mr) break;                                           \
+        case T_BF16: ROWF_LOOP(fn, T_BF16, mr) break;                                         \
         }                                                                                     \
     }
 
