@@ -10,8 +10,9 @@ so both share one thread pool. At load the ctypes mirror of forward.c's structs 
 _Layer, _Model) is checked field by field against the C layout (tq_layout), and every type of
 choices.KERNEL_TYPES against tq_block_bytes; a mismatch makes the library unusable.
 
-There is one build per VARIANTS entry (AVX2, AVX-512 with VNNI, and the AVX-512 code over SIMDe
-for tests); all give the same bits, and the fastest one this CPU runs is used (`in_use()`).
+There is one build per VARIANTS entry (AVX2, AVX-512 with VNNI, the same with AVX512_BF16's
+vdpbf16ps for BF16d products, and the AVX-512 code over SIMDe for tests); all give the same
+bits, and the fastest one this CPU runs is used (`in_use()`).
 Nothing else depends on it: on a CPU without AVX2/FMA/F16C, with no compiler, or when the build
 or those checks fail, `available()` is False and `unavailable_reason()` says why. The module
 has no switches of its own: the thread count, the activation rounding and the prompt-kernel
@@ -39,12 +40,12 @@ from . import grids
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / f for f in ("activations.c", "rowdot16.c", "rowdot8.c", "rowdotx.c", "rowdotxk.c",
-                              "rowdotn.c",
+                              "rowdotn.c", "rowdotb.c",
                               "rowdoti.c", "gemm.c",
                               "matmul.c",
                               "dequant.c", "forward.c")]  # compiled together into one library
 HEADERS = [HERE / f for f in ("tq.h", "blocks.h", "gemm_avx2.h", "groups16.h", "rowdotx_avx2.h",
-                              "rowdotxk_avx2.h", "iquants.h")]
+                              "rowdotxk_avx2.h", "iquants.h", "bf16.h")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # The builds of the same sources: name -> (extra compiler flags, CPU flags it needs). Every
@@ -56,6 +57,10 @@ VARIANTS = {
     "avx2": ([], ()),
     "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
                ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    # the avx512 build whose BF16d products run vdpbf16ps itself (the others: its bits by fma
+    # under DAZ / FTZ, rowdotb.c); used only where tq_bf16_check finds the same bits
+    "avx512bf16": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16"],
+                   ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")),
     "avx512-simde": (["-DTQ_SIMDE"], ()),
 }
 # Products of at least this many activation rows (K-quant weights, int16 activations) take the
@@ -160,12 +165,17 @@ def choose_build(name: str) -> None:
 
 
 def variant() -> str:
-    """The build the kernels use on this CPU: avx512 where it has AVX512F/BW/VL and VNNI, unless
-    choose_build named another."""
+    """The build the kernels use on this CPU: avx512bf16 where it has AVX512F/BW/VL, VNNI and
+    BF16, avx512 without BF16, unless choose_build named another."""
     if _chosen:
         return _chosen
+    return _fallbacks()[0]
+
+
+def _fallbacks() -> list[str]:
+    """The builds this CPU runs, fastest first."""
     cpu = _cpu_flags()
-    return "avx512" if all(f in cpu for f in VARIANTS["avx512"][1]) else "avx2"
+    return [v for v in ("avx512bf16", "avx512") if all(f in cpu for f in VARIANTS[v][1])] + ["avx2"]
 
 
 def _build(name: str | None = None) -> ctypes.CDLL:
@@ -220,6 +230,11 @@ def _build(name: str | None = None) -> ctypes.CDLL:
     wrong = _layout_error(_c_layout(lib))
     if wrong:
         raise OSError(f"the ctypes mirror of tq.h's structs is out of date: {wrong}")
+    lib.tq_bf16_check.restype = lib.tq_bf16_native.restype = c_int
+    bad = lib.tq_bf16_check()
+    if bad:
+        raise OSError(f"this build's BF16d product differs from fma under DAZ / FTZ in {bad} "
+                      f"probe lanes (a vdpbf16ps that rounds otherwise)")
     for name, type_id in KERNEL_TYPES.items():
         if lib.tq_block_bytes(type_id) == 0:
             raise OSError(f"choices.KERNEL_TYPES has {name} = {type_id}, which the kernels do "
@@ -242,11 +257,11 @@ def _load(name: str | None = None) -> ctypes.CDLL | None:
 
 
 def in_use() -> str:
-    """The variant the kernels run here: variant(), unless it fails to build, then avx2."""
-    best = variant()
+    """The variant the kernels run here: variant(), unless it fails to build (or its check),
+    then the next this CPU runs (avx512, avx2)."""
     if _chosen:
-        return best  # what was asked for, or unavailable_reason says why not
-    return best if _load(best) is not None else "avx2"
+        return _chosen  # what was asked for, or unavailable_reason says why not
+    return next((v for v in _fallbacks() if _load(v) is not None), "avx2")
 
 
 def available() -> bool:
@@ -328,8 +343,16 @@ def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tup
     return REPACK_FROM[type_name], out
 
 
+# The same GGUF blocks read with other activations: BF16d, BF16 weights against activations
+# rounded to bf16 (round to nearest even), vdpbf16ps's arithmetic in every build (rowdotb.c)
+ACT_TYPES = {"BF16d": 130}
+
+
 def type_id(type_name: str) -> int:
-    return KERNEL_TYPES[type_name] if type_name in KERNEL_TYPES else REPACKED_TYPES[type_name]
+    for table in (KERNEL_TYPES, REPACKED_TYPES, ACT_TYPES):
+        if type_name in table:
+            return table[type_name]
+    raise TandemError(f"{type_name!r} is not a type the native kernels take")
 
 
 def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,

@@ -102,7 +102,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        /* Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 (rowdotx.c), Q2_K, Q3_K, IQ4_XS (rowdotxk.c) in 16-row
         * groups, int8 activations only */
        T_Q4_KX = 112, T_Q5_KX = 113, T_Q6_KX = 114, T_Q4_0X = 102, T_Q5_0X = 106,
-       T_Q2_KX = 110, T_Q3_KX = 111, T_IQ4_XSX = 123 };
+       T_Q2_KX = 110, T_Q3_KX = 111, T_IQ4_XSX = 123, T_BF16D = 130 /* BF16, bf16 acts */ };
 /* rowdotn.c's types: integer (int16 or int8 activations) and float (float32 activations) */
 static inline int type_n(int64_t type) {
     return type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS;
@@ -154,7 +154,7 @@ static inline int64_t block_bytes(int type) {
     case T_Q2_K: case T_Q2_KX: return 84;
     case T_Q3_K: case T_Q3_KX: return 110;
     case T_IQ4_XS: case T_IQ4_XSX: return 136;
-    case T_F16: case T_BF16: return 64; /* float types: blocks of 32 halves (K % 32 == 0) */
+    case T_F16: case T_BF16: case T_BF16D: return 64; /* float types: 32 halves (K % 32 == 0) */
     }
     return iq_block_bytes(type); /* iquants.h's types (rowdoti.c), or 0 */
 }

@@ -320,7 +320,7 @@ int tq_forward(const tq_model *md, void *kc, void *vc, int64_t n_slots, int64_t 
                                   &md->layers[l].wo, &md->layers[l].gate, &md->layers[l].up,
                                   &md->layers[l].down};
         for (int i = 0; i < 7; i++)
-            vbytes = type_f(ls[i]->type) ? 4 : vbytes;
+            vbytes = type_f(ls[i]->type) || ls[i]->type == T_BF16D ? 4 : vbytes;
     }
     const int nth = nthreads < 1 ? 1 : nthreads;
     /* one scratch per product of a shared call (q, k, v: tq_matmul_team_n) */

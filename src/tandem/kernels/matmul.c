@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "blocks.h"
 
 #define MB 64 /* activation rows per block of the loop over weight rows */
@@ -60,6 +61,10 @@ static void row_range(int type, const uint8_t *W, int64_t row_bytes, int64_t n0,
                       void *xq, float *xs, float *xsum, int16_t *bs, int64_t M, int64_t K,
                       float *y, int64_t N, const float *bias, int bits) {
     const int64_t G = K / 32;
+    if (type == T_BF16D) { /* rowdotb.c: bf16 activations, its own row passes and tiles */
+        bf16_range(W, row_bytes, n0, n1, xq, M, K, y, N, bias);
+        return;
+    }
     /* one pass of at most MR rows (decode, verification) reads each weight row once: no
      * tiles, so the row loop's prefetch runs on across the whole share */
     const int64_t tile = M <= MR ? (n1 > n0 ? n1 - n0 : 1)
@@ -121,11 +126,11 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         rbs[j] = l[j]->K / block_weights(type) * block_bytes(type);
         if (type_x(type) && M > MR) { /* chunks of GCH rows (16-row groups), as free */
             mode[j] = XPROMPT;
-        } else if (M >= prompt_rows && (gemm_type(type) || type_f(type))) {
+        } else if (M >= prompt_rows && (gemm_type(type) || type_f(type) || type == T_BF16D)) {
             /* the prompt kernel: chunks of GCH weight rows handed out as threads come free, so
              * a thread slowed by another process (a shared machine) leaves its work to the
              * others instead of holding up the pass at the barrier */
-            mode[j] = GEMM, gemm |= !type_f(type);
+            mode[j] = GEMM, gemm |= !type_f(type) && type != T_BF16D;
         } else if (M <= MR) { /* decode and verification: the guided split (DCH_*) */
             mode[j] = DECODE, left += l[j]->N * rbs[j];
         } else { /* row-by-row prompt chunks (types without the prompt kernel) */
@@ -177,7 +182,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             rms_norm_row(in, pre->w, K, pre->eps, pre->tmp);
             in = pre->tmp;
         }
-        if (type_f(type)) { /* the float types read the activations as they are */
+        if (type == T_BF16D) { /* rounded to bf16, in the layout of this build's kernel */
+            bf16_round_row(in, K, M, (char *)s[j]->xq + m * bf16_row_bytes(K, M));
+        } else if (type_f(type)) { /* the float types read the activations as they are */
             memcpy((float *)s[j]->xq + m * K, in, sizeof(float) * K);
         } else if (type_x(type)) {
             quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
@@ -220,6 +227,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K, K / 32};
             x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias,
                    L->ablock ? (int)L->ablock : (int)block_weights(type));
+        } else if (mode[j] == GEMM && type == T_BF16D) {
+            const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
+            bf16_range(L->W, rb, r0, r1, s[j]->xq, M, K, y[j], N, L->bias);
         } else if (mode[j] == GEMM && type_f(type)) {
             const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             gemmf_range(type, L->W, rb, r0, r1, (const float *)s[j]->xq, M, K, y[j], N, L->bias);
@@ -266,7 +276,7 @@ int tq_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *x, 
     if (!tq_matmul_check(type, K, bits, ablock) || M <= 0)
         return -1;
     tq_scratch s;
-    if (tq_scratch_alloc(&s, M, K, type_f(type) ? 4 : 2) != 0)
+    if (tq_scratch_alloc(&s, M, K, type_f(type) || type == T_BF16D ? 4 : 2) != 0)
         return -2;
 #pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads)
     tq_matmul_team(type, W, N, K, x, M, y, bias, bits, ablock, &s, prompt_rows);
