@@ -71,6 +71,11 @@ class Board:
             self.held -= len(self.answers.popleft()[2])
         return self.last, [t for n, r, t in self.answers if n > after and r != replica]
 
+    def update(self, replica: str, snap: dict) -> None:
+        """A replica's counters as a request ends (before its last bytes leave), so a
+        /metrics right after an answer counts it."""
+        self.live[replica] = (time.monotonic(), snap)
+
     def fleet(self) -> dict:
         """{"replicas": {id: snapshot} of those reporting, "retired": summed counters}."""
         now = time.monotonic()
@@ -88,7 +93,7 @@ def snapshot(state) -> dict:
     m, engine = state.metrics, state.engine
     slots = engine.cfg.n_parallel
     cached = sum(engine.cache.length(i) for i in range(slots))
-    return {"counters": {k: getattr(m, k) for _, k, _ in COUNTERS},
+    return {"counters": {k: getattr(m, k) for _, k, _ in COUNTERS}, "t_start": m.t_start,
             "per_pos": list(m.accepted_per_pos), "n_tokens_max": m.n_tokens_max,
             "n_busy": m.n_busy,
             "processing": m.processing, "deferred": m.deferred,

@@ -76,8 +76,11 @@ class _Ingress:
                                                   request.headers.items()})
         if error is not None:
             return error_response(error, request.url.path)
-        return Response(render(await self.board.fleet.remote(), self.scraped),
-                        media_type=CONTENT_TYPE)
+        view = await self.board.fleet.remote()
+        response = Response(render(view, self.scraped), media_type=CONTENT_TYPE)
+        started = min((s["t_start"] for s in view["replicas"].values()), default=0)
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(started).encode()))
+        return response  # (llama-server's header: the first replica's start)
 
     @app.api_route("/{path:path}", methods=METHODS)
     async def forward(self, request: Request) -> Response:

@@ -89,10 +89,9 @@ def _check(settings) -> None:
         raise TandemError(f"--host {settings.host}: with --replicas, one address (Ray Serve's "
                           "proxy listens on one)")
     host = settings.host.strip("[]")
-    try:
+    try:  # as one server opens it (SO_REUSEADDR: a closed connection's TIME_WAIT is no owner)
         family = socket.getaddrinfo(host, settings.port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind((host, settings.port))
+        socket.create_server((host, settings.port), family=family).close()
     except OSError as e:
         raise TandemError(f"cannot listen on {host}:{settings.port}: {e.strerror or e}; pick "
                           "another --port or --host") from None

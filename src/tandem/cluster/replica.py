@@ -91,6 +91,12 @@ class EngineReplica:
             except Exception as e:  # the board gone (the fleet is stopping), or slow
                 log.debug("report: %s", e)
 
+    async def _update(self) -> None:
+        try:
+            await asyncio.wait_for(self.board.update.remote(self.id, snapshot(self.state)), 2)
+        except Exception as e:  # the board gone or slow: the next report carries it
+            log.debug("update: %s", e)
+
     def __del__(self) -> None:  # Ray Serve calls it when the replica is stopped
         if hasattr(self, "stopped"):  # (not if the constructor failed)
             self.stopped.set()
@@ -127,6 +133,8 @@ class EngineReplica:
                            "headers": [(k.decode("latin-1"), v.decode("latin-1"))
                                        for k, v in message.get("headers", [])]}
                 elif message["type"] == "http.response.body":
+                    if not message.get("more_body"):  # the counters first (board.update)
+                        await self._update()
                     if message.get("body"):
                         yield message["body"]
                     if not message.get("more_body"):
