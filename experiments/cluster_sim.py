@@ -20,8 +20,10 @@ than the shortest; two choices otherwise).
     python experiments/cluster_sim.py --measure --out bench/results/cluster-sim/costs.json
     python experiments/cluster_sim.py --costs bench/results/cluster-sim/costs.json \\
         --replicas 2,4,8,16,32,64 --out bench/results/cluster-sim/report.md
-    python experiments/cluster_sim.py --costs ... --closed 4 --layouts 1x2,2x1
-        (throughput at a fixed concurrency: one replica of 2 threads against two of 1)
+    python experiments/cluster_sim.py --costs ... --closed 4 --layouts 1x2,2x1 \
+        --batch-prompts 77,45,664,918,43,39,80,126 --batch-answer 64
+        (throughput at a fixed concurrency: one replica of 2 threads against two of 1, the
+        batch of experiments/replicas_throughput.py --requests 8 --n-predict 64)
 
 Standard library and Tandem's own routing rule (the measuring mode loads the default target).
 """
@@ -177,9 +179,11 @@ def choose(router: str, reps: list[Replica], r: Request, rng: random.Random, sta
 
 def simulate(reps: list[Replica], router: str, arrivals: list[tuple[float, int, int]],
              wl: Workload, rng: random.Random, imbalance: int = 2,
-             closed: int = 0, horizon: float = 0.0) -> list[Request]:
+             closed: int = 0, horizon: float = 0.0,
+             batch: list[tuple[int, int]] | None = None) -> list[Request]:
     """arrivals: (time, session, turns) of each conversation; closed > 0: that many clients
-    instead, each sending its next request when the last is answered, until `horizon`."""
+    instead, each sending its next request when the last is answered, until `horizon`, or
+    until `batch` ((prompt, answer) tokens of each request, in order) is used up."""
     events: list[tuple[float, int, str, object]] = []
     seq = 0
 
@@ -193,7 +197,15 @@ def simulate(reps: list[Replica], router: str, arrivals: list[tuple[float, int, 
     done: list[Request] = []
     state: dict = {}
 
+    todo = list(batch or [])
+
     def new_request(t, session):
+        if batch is not None:
+            if not todo:
+                return
+            prompt, answer = todo.pop(0)
+            push(t, "arrive", Request(session, 0, t, prompt, answer))
+            return
         prompt = history.get(session, wl.system) + rng.randint(*wl.user)
         req = Request(session, 0, t, prompt, rng.randint(*wl.answer))
         push(t, "arrive", req)
@@ -317,13 +329,20 @@ def open_loop(a, costs: Costs, wl: Workload) -> str:
 
 
 def closed_loop(a, wl: Workload) -> str:
+    """Each layout (replicas x threads) with --closed clients, each replica --closed / replicas
+    slots (as replicas_throughput.py serves them); --batch-prompts: a fixed batch instead."""
     lines = ["| layout | throughput (tok/s) | TTFT p50 (s) |", "|---|---|---|"]
+    batch = None
+    if a.batch_prompts:
+        batch = [(int(x), a.batch_answer) for x in a.batch_prompts.split(",")]
     for layout in a.layouts:
         n, threads = (int(x) for x in layout.split("x"))
         costs = load_costs(a.costs, threads)
+        a.parallel = max(1, a.closed // n)
         reps = make_replicas(n, costs, a)
         done = simulate(reps, "p2c" if n > 1 else "round-robin", [], wl,
-                        random.Random(a.seed), closed=a.closed, horizon=a.horizon)
+                        random.Random(a.seed), closed=a.closed, horizon=a.horizon,
+                        batch=batch)
         m = summary(done)
         lines.append(f"| {n} x {threads} thread(s) | {m['throughput']:.1f} | "
                      f"{m['ttft_p50']:.2f} |")
@@ -354,6 +373,9 @@ def main() -> int:
     ap.add_argument("--imbalance", type=int, default=2,
                     help="the prefix router's slack (tandem.cluster.affinity.Affinity)")
     ap.add_argument("--closed", type=int, default=0, help="clients (closed loop)")
+    ap.add_argument("--batch-prompts", default="",
+                    help="closed loop: the prompt tokens of a fixed batch of requests")
+    ap.add_argument("--batch-answer", type=int, default=64, help="tokens each answers")
     ap.add_argument("--layouts", type=lambda s: s.split(","), default=["1x2", "2x1"])
     ap.add_argument("--horizon", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)

@@ -77,3 +77,16 @@ def test_the_table_is_bounded():
     assert len(aff.holders) == 100 and len(aff.sessions) == 10
     assert aff.matched("a", route([49] * (10 * BLOCK))) == 10 * BLOCK
     assert aff.matched("a", route([0] * (10 * BLOCK))) == 0  # the oldest dropped
+
+
+def test_a_shared_head_alone_does_not_make_a_request_wait():
+    """Prompts that share only a system prompt spread over idle replicas; a conversation's
+    next turn (most of its prompt held) still waits up to the slack for its replica."""
+    aff = Affinity(slack=2, rng=random.Random(0))
+    system = list(range(BLOCK))
+    aff.record("a", route(system + list(range(100, 100 + 3 * BLOCK))))
+    new = route(system + list(range(500, 500 + 3 * BLOCK)))  # 1 of 4 blocks held by a
+    assert aff.choose(["a", "b"], Counter(a=1).__getitem__, new)[0] == "b"
+    assert aff.choose(["a", "b"], Counter().__getitem__, new)[0] == "a"  # no wait: a
+    turn2 = route(system + list(range(100, 100 + 4 * BLOCK)))  # 4 of 5 blocks held by a
+    assert aff.choose(["a", "b"], Counter(a=2).__getitem__, turn2)[0] == "a"
