@@ -18,7 +18,8 @@ the statistics are computed by the same arithmetic for every engine.
         --out bench/results/kl-divergence-NAME
 
 Writes OUT/text.txt (the text), OUT/results.json (every statistic, the command, the CPU flags)
-and OUT/report.md; with --llama-perplexity also OUT/llama-*.log (llama.cpp's own output).
+and OUT/report.md; with --llama-perplexity also OUT/llama-*.log (llama.cpp's own output;
+llama-q.log holds its KL divergence, llama-base.log only the base run: not kept in bench/).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ server: `tandem serve --threads 2 --parallel C` and `tandem serve --replicas 2 -
 --parallel C/2`, the same requests (prompts of bench/prompts/held-out-mix.jsonl, greedy, a
 fixed number of tokens each), C at a time, closed loop.
 
-    python experiments/replicas_throughput.py --out bench/results/replicas-throughput
+    python experiments/replicas_throughput.py --out OUT   (bench/results/cluster-sim has one run)
     python experiments/replicas_throughput.py --model m.gguf --requests 8 --n-predict 32 \\
         --rounds 1 --prompt-chars 100 --serve-args "--ctx-size 2048"   (a quick look)
 
