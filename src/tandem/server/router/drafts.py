@@ -16,7 +16,6 @@ once after its first look.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +24,9 @@ from fastapi import APIRouter, Request
 
 from ...check import ModelInfo, inspect_model
 from ...errors import TandemError
-from ...memory import available_memory, fmt_bytes
+from ...memory import fmt_bytes
 from ...speculative.compat import check_compatible
 from ..schemas import ApiError
-from .children import child_argv
 
 _lock = threading.Lock()
 _seen: dict[tuple[str, int, int], ModelInfo] = {}
@@ -84,7 +82,6 @@ def draft_choices(model: str, catalog: list[tuple[str, Path]],
 
 
 router = APIRouter()
-_plans: dict[tuple, object] = {}  # (child argv, files' stamps) -> MemoryPlan
 
 
 @router.get("/models/drafts")
@@ -99,17 +96,7 @@ async def drafts(request: Request, model: str = ""):
 
     def plan_for(draft: Path | None) -> dict:
         # the child's own command line, so the plan is the one its load will check
-        argv = child_argv(entry, models.common, 0, None if draft is None else str(draft))[4:]
-        key = (tuple(argv), *(_stamp(p) for p in (entry.path, draft) if p is not None))
-        if key not in _plans:
-            _plans[key] = models.plan_of(argv)
-        # what is available now (models load and unload), against the plan read once
-        now, source = available_memory()
-        return dataclasses.replace(_plans[key], available=now, available_source=source).as_json()
+        return models.plan(entry, None if draft is None else str(draft)).as_json()
 
     return await asyncio.to_thread(draft_choices, entry.id, catalog, plan_for)
 
-
-def _stamp(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns

@@ -74,6 +74,7 @@ class Models:
                  plan_of: Callable[[list[str]], object]) -> None:
         self.catalog, self.common, self.models_max = catalog, common, models_max
         self.plan_of = plan_of  # a child's argv -> its memory plan (tandem.memory.MemoryPlan)
+        self._plans: dict[tuple, object] = {}  # plan()'s, by argv and the files' stamps
         self.instances: dict[str, Instance] = {
             e.id: Instance(e) for e in catalog.entries(hidden=True)}
         self.queue: list[Waiting] = []
@@ -137,7 +138,7 @@ class Models:
         draft_path = self._draft_path(inst.entry, draft)
         port = free_port()
         argv = child_argv(inst.entry, self.common, port, draft_path)
-        planned = await self._check_memory(inst.entry, argv)
+        planned = await self._check_memory(inst.entry, draft_path)
         if inst.status != "unloaded":  # another request loaded it meanwhile
             return
         self._check_capacity(name)  # (another load may have taken the last slot meanwhile)
@@ -176,15 +177,40 @@ class Models:
             raise ApiError(400, f"draft model '{draft}' is the target itself")
         return str(other.path)
 
-    async def _check_memory(self, entry: Entry, argv: list[str]) -> int:
+    def plan(self, entry: Entry, draft_path: str | None):
+        """The memory plan of `entry`'s child with that draft, read once while its files are
+        unchanged (reading a model's vocabulary takes a second), with what is available now."""
+        import dataclasses
+
+        from ...memory import available_memory
+
+        argv = child_argv(entry, self.common, 0, draft_path)[4:]
+        files = [*entry.files, entry.path, *([draft_path] if draft_path else [])]
+        key = (tuple(argv), *((os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files))
+        if key not in self._plans:
+            self._plans[key] = self.plan_of(argv)
+        now, source = available_memory()
+        return dataclasses.replace(self._plans[key], available=now, available_source=source)
+
+    def read_plans(self) -> None:
+        """Every model's plan (its preset's draft) read ahead, so a first load does not wait
+        for it (the router's start runs this in a thread); a model that cannot be read is
+        left to its load, which says why."""
+        for entry in self.catalog.entries():
+            try:
+                self.plan(entry, entry.draft)
+            except Exception as e:  # (a broken file: its load refuses it, naming the file)
+                log.debug("plan of %s not read ahead: %s", entry.id, e)
+
+    async def _check_memory(self, entry: Entry, draft_path: str | None) -> int:
         """The model's memory plan against what is available less what loading models will
         still take; its total, or a 400 naming the numbers (or the file that is wrong)."""
         from ...errors import TandemError
         from ...memory import fmt_bytes
 
         try:
-            plan = await asyncio.to_thread(self.plan_of, argv[4:])
-        except TandemError as e:
+            plan = await asyncio.to_thread(self.plan, entry, draft_path)
+        except (TandemError, OSError) as e:
             raise ApiError(400, f"model {entry.id}: {e}") from None
         pending = [i for i in self.instances.values() if i.status == "loading"]
         reserved = sum(i.planned for i in pending)
