@@ -103,12 +103,10 @@ def _too_large(limit: int) -> str:
            "server accepts"
 
 
-def create_app(state: ServerState) -> FastAPI:
-    from . import completion, embeddings, experimental, oai, props, rerank, responses, slots
-
-    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
-    app.state.tandem = state
-
+def error_handlers(app: FastAPI) -> None:
+    """Every error in llama-server's shape (error_response): ours, Starlette's 404 / 405,
+    a bad path or query parameter, and anything unhandled (500, logged). The router's app
+    (router/app.py) takes the same."""
     @app.exception_handler(ApiError)
     async def _api_error(req, e: ApiError):
         return error_response(e, req.url.path)
@@ -134,6 +132,14 @@ def create_app(state: ServerState) -> FastAPI:
         log.exception("unhandled error")
         return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"),
                               req.url.path)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    from . import completion, embeddings, experimental, oai, props, rerank, responses, slots
+
+    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.state.tandem = state
+    error_handlers(app)
 
     if state.sleeper is not None:  # --sleep-idle-seconds: inside the key check
         from .sleep import SleepGate

@@ -23,23 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ... import __version__
-from ..app import Guard, error_response
+from ..app import Guard, error_handlers
 from ..cors import Cors
 from ..page import routes as page
 from ..schemas import ApiError
 from .drafts import router as drafts_router
 from .models import FAKE_TIMING, Instance, Models, sse_line
 
-log = logging.getLogger("tandem.server")
 HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
        "authorization", "x-api-key", "upgrade", "te", "trailer", "proxy-authorization"}
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
@@ -51,19 +48,7 @@ def create_router_app(state, models: Models, autoload: bool) -> FastAPI:
     app.state.tandem, app.state.models, app.state.catalog = state, models, models.catalog
     app.state.autoload = autoload
 
-    @app.exception_handler(ApiError)
-    async def _api_error(req, e: ApiError):
-        return error_response(e, req.url.path)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(req, e: StarletteHTTPException):
-        return error_response(ApiError(e.status_code, str(e.detail)), req.url.path)
-
-    @app.exception_handler(Exception)
-    async def _internal(req, e: Exception):
-        log.exception("unhandled error")
-        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"),
-                              req.url.path)
+    error_handlers(app)
 
     app.add_middleware(Guard, state=state)
     app.add_middleware(Cors, allowed=state.settings.cors_origins)

@@ -61,7 +61,6 @@ def run(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable
 
     @app.on_event("startup")
     async def _startup():
-        asyncio.create_task(asyncio.to_thread(models.read_plans))  # a first load need not wait
         for inst in models.instances.values():
             if inst.entry.load_on_startup:
                 asyncio.create_task(models.load(inst.entry.id))

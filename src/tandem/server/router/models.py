@@ -192,16 +192,6 @@ class Models:
         now, source = available_memory()
         return dataclasses.replace(self._plans[key], available=now, available_source=source)
 
-    def read_plans(self) -> None:
-        """Every model's plan (its preset's draft) read ahead, so a first load does not wait
-        for it (the router's start runs this in a thread); a model that cannot be read is
-        left to its load, which says why."""
-        for entry in self.catalog.entries():
-            try:
-                self.plan(entry, entry.draft)
-            except Exception as e:  # (a broken file: its load refuses it, naming the file)
-                log.debug("plan of %s not read ahead: %s", entry.id, e)
-
     async def _check_memory(self, entry: Entry, draft_path: str | None) -> int:
         """The model's memory plan against what is available less what loading models will
         still take; its total, or a 400 naming the numbers (or the file that is wrong)."""
