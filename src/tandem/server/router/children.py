@@ -30,13 +30,13 @@ from .catalog import Entry
 ROUTER_ONLY = ("--host", "--port", "--api-key", "--alias", "-a", "--tags", "--models-dir",
                "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
                "--model", "-m", "--model-draft", "-md", "--mmproj", "-mm", "--ui", "--webui",
-               "--no-ui", "--no-webui")
+               "--no-ui", "--no-webui", "-hf", "-hfr", "--hf-repo")
 # the environment's versions of those (a child reads LLAMA_ARG_* as its flags)
 ROUTER_ENV = ("LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_API_KEY", "TANDEM_API_KEY",
               "LLAMA_ARG_ALIAS", "LLAMA_ARG_TAGS", "LLAMA_ARG_MODELS_DIR",
               "LLAMA_ARG_MODELS_PRESET", "LLAMA_ARG_MODELS_MAX", "LLAMA_ARG_MODELS_AUTOLOAD",
               "LLAMA_ARG_NO_MODELS_AUTOLOAD", "LLAMA_ARG_MODEL", "LLAMA_ARG_MODEL_DRAFT",
-              "LLAMA_ARG_MMPROJ", "LLAMA_ARG_UI", "LLAMA_ARG_NO_UI")
+              "LLAMA_ARG_MMPROJ", "LLAMA_ARG_UI", "LLAMA_ARG_NO_UI", "LLAMA_ARG_HF_REPO")
 HOST = "127.0.0.1"
 LOG_LINES = 20
 
