@@ -55,6 +55,14 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging()
     for line in getattr(args, "env_used", ()):  # llama-server's variables (envargs.py)
         log.info("environment: %s", line)
+    if getattr(args, "hf_repo", None):  # downloaded: a preset (router mode) or the model
+        from .router.main import from_hub
+
+        try:
+            from_hub(args)
+        except TandemError as e:
+            print(f"tandem: error: {e}", file=sys.stderr)
+            return e.exit_code
     if getattr(args, "models_dir", None) or getattr(args, "models_preset", None):
         from .router.main import run as run_router  # router mode (router/)
 

@@ -4,8 +4,11 @@
     POST /models/load            {"model", "draft"?}: start it (Tandem: "draft" loads it with
                                  that model of the catalog as its draft, null with none)
     POST /models/unload          {"model"}: stop it
-    POST /models, DELETE /models llama-server's download and removal: refused (Tandem
-                                 downloads and deletes nothing)
+    POST /models                 {"model": "user/model[:tag]"}: download it from the Hugging
+                                 Face hub into llama-server's cache, in the background
+                                 (download_* events; listed once done), llama-server's
+    DELETE /models?model=ID      a downloaded (cache) model's files removed, or a download
+                                 cancelled (downloads.py)
     GET  /models/sse             the models' events as server-sent events
     GET  /models/drafts?model=X  Tandem's: every other model judged as X's draft (drafts.py)
     GET  /props                  the router's own (?model=X: that model's)
@@ -16,7 +19,8 @@
                                  streamed answers pass through as they come
 
 The catalog is at `app.state.catalog` (tandem.server.router.catalog.Catalog), the models at
-`app.state.models`. Errors are llama-server's {"error": {"code", "message", "type"}}.
+`app.state.models`, the downloads at `app.state.downloads`. A preset model whose hf-repo is
+not in the cache yet is downloaded first when it loads. Errors are llama-server's {"error": {"code", "message", "type"}}.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from ..app import Guard, error_handlers
 from ..cors import Cors
 from ..page import routes as page
 from ..schemas import ApiError
+from .downloads import Downloads
 from .drafts import router as drafts_router
 from .models import FAKE_TIMING, Instance, Models, sse_line
 
@@ -47,13 +52,14 @@ def create_router_app(state, models: Models, autoload: bool) -> FastAPI:
     app = FastAPI(title="tandem router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tandem, app.state.models, app.state.catalog = state, models, models.catalog
     app.state.autoload = autoload
+    downloads = app.state.downloads = Downloads(models, state.settings.offline)
 
     error_handlers(app)
 
     app.add_middleware(Guard, state=state)
     app.add_middleware(Cors, allowed=state.settings.cors_origins)
-    _routes(app, models)
-    _events_and_refusals(app, models)
+    _routes(app, models, downloads)
+    _events_and_downloads(app, models, downloads)
     app.include_router(drafts_router)  # GET /models/drafts: the page's draft picker
     if state.settings.ui:
         app.include_router(page.router)
@@ -61,7 +67,7 @@ def create_router_app(state, models: Models, autoload: bool) -> FastAPI:
     return app
 
 
-def _routes(app: FastAPI, models: Models) -> None:
+def _routes(app: FastAPI, models: Models, downloads: Downloads) -> None:
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
@@ -73,8 +79,10 @@ def _routes(app: FastAPI, models: Models) -> None:
         if reload:
             models.reload()
         now = int(time.time())
-        return {"data": [_item(i, models, now) for i in models.instances.values()
-                         if not i.entry.hidden], "object": "list"}
+        rows = [_item(i, models, now, downloads.status_of(i))
+                for i in models.instances.values() if not i.entry.hidden]
+        rows += downloads.rows({r["id"] for r in rows})
+        return {"data": rows, "object": "list"}
 
     @app.post("/models/load")
     async def load(request: Request):
@@ -96,6 +104,9 @@ def _routes(app: FastAPI, models: Models) -> None:
             return {"success": True}
         if inst.status != "unloaded" or inst.stopping:
             raise ApiError(400, f"model '{inst.entry.id}' is already running")
+        if inst.entry.fetch:  # its files first: answered now, loaded once they are there
+            asyncio.create_task(downloads.load_later(inst, lambda: models.load(inst.entry.id)))
+            return {"success": True}
         await models.load(inst.entry.id)
         return {"success": True}
 
@@ -123,20 +134,20 @@ def _routes(app: FastAPI, models: Models) -> None:
                 "cors_proxy_enabled": s.ui_mcp_proxy}
 
 
-def _events_and_refusals(app: FastAPI, models: Models) -> None:
-    """GET /models/sse; POST and DELETE /models, llama-server's cache downloads, refused."""
+def _events_and_downloads(app: FastAPI, models: Models, downloads: Downloads) -> None:
+    """GET /models/sse; POST and DELETE /models, llama-server's cache downloads."""
 
     @app.post("/models")
-    async def download(request: Request):  # llama-server's download into its cache
-        name = _name(await _json(request))
-        raise ApiError(400, f"model '{name}': Tandem downloads nothing; download it with "
-                            f"llama-server -hf {name} (the router reads llama-server's cache at "
-                            "GET /models?reload=1) or put its file in --models-dir")
+    async def download(request: Request):  # into llama-server's cache, in the background
+        await downloads.start(_name(await _json(request)))
+        return {"success": True}
 
     @app.delete("/models")
-    async def remove(model: str = ""):  # llama-server's removal from its cache
-        raise ApiError(400, f"model '{model}': Tandem removes no files; delete them from "
-                            "llama-server's cache or --models-dir, then GET /models?reload=1")
+    async def remove(model: str = ""):  # a cache model's files, or a download
+        if not model:
+            raise ApiError(400, "model name is missing from the request (?model=ID)")
+        await downloads.remove(model)
+        return {"success": True}
 
     @app.get("/models/sse")
     async def sse(request: Request):
@@ -157,9 +168,9 @@ def _events_and_refusals(app: FastAPI, models: Models) -> None:
                                  headers={"Cache-Control": "no-cache"})
 
 
-def _item(inst: Instance, models: Models, now: int) -> dict:
+def _item(inst: Instance, models: Models, now: int, downloading: dict | None) -> dict:
     e = inst.entry
-    status: dict = {"value": inst.status}
+    status: dict = downloading or {"value": inst.status}
     if inst.child is not None:
         status["args"] = inst.child.argv[3:]
     if e.preset:
@@ -170,9 +181,10 @@ def _item(inst: Instance, models: Models, now: int) -> dict:
             "owned_by": "tandem", "created": now, "status": status,
             "architecture": {"input_modalities": ["text"] + (["image"] if e.mmproj else []),
                              "output_modalities": ["text"]},
-            "source": e.source, "can_remove": False,
-            # Tandem's: the first GGUF, every file, the projector, the draft it runs with
-            "path": str(e.path), "files": [str(p) for p in e.files],
+            "source": e.source, "can_remove": e.source == "cache",
+            # Tandem's: the first GGUF (null until downloaded), every file, the projector,
+            # the draft it runs with
+            "path": None if e.fetch else str(e.path), "files": [str(p) for p in e.files],
             "mmproj": None if e.mmproj is None else str(e.mmproj),
             "draft": inst.draft if inst.status != "unloaded" else None}
     if inst.status in ("loaded", "sleeping"):
@@ -232,6 +244,8 @@ async def _forward(request: Request) -> Response:
     if not autoload and (inst.status not in ("loaded", "sleeping") or inst.stopping):
         raise ApiError(400, f"model '{inst.entry.id}' is not loaded (POST /models/load, or "
                             "?autoload=true)")
+    if inst.entry.fetch:  # a preset's model not downloaded yet
+        await app.state.downloads.ensure(inst)
     await models.ensure_ready(inst.entry.id, request.is_disconnected)
     return await _proxy(request, models, inst, body)
 

@@ -8,15 +8,17 @@
                                                         directory model of that name wins)
     --models-preset FILE  [NAME] model = PATH, keys     model NAME with its own flags
                           [NAME] hf-repo = user/repo    the same, the file from the cache
+                                                        (not there: downloaded when it loads,
+                                                        hub.py; with --offline an error)
                           [*] keys                      every model's flags (a section wins)
                           [NAME] keys (NAME in DIR)     that directory (or cache) model's flags
 
 A key is a `tandem serve` flag without its dashes (ctx-size, c, model-draft, spec-type), or its
 LLAMA_ARG_* variable; `jinja = false` is --no-jinja. load-on-startup, stop-timeout and
 dedup-cache-models are the preset's own (llama-server's; dedup-cache-models hides the cache
-entries of a section's hf-repo files from the list). A key Tandem does not know, and a download
-(hf-file, model-url, or an hf-repo not in the cache), is an error at start naming the key, the
-section and the file (exit 2).
+entries of a section's hf-repo files from the list). A key Tandem does not know, a download
+Tandem does not make (hf-file, model-url), and with --offline an hf-repo not in the cache, is
+an error at start naming the key, the section and the file (exit 2).
 
 `Catalog` holds them as `Entry`s (id, first GGUF, shards, projector, flags); the router's
 state keeps it at `app.state.catalog`, and `reload` reads the sources again (GET
@@ -66,6 +68,7 @@ class Entry:
     stop_timeout: float = 10.0
     preset: str = ""  # the section as INI text (GET /models shows it)
     hidden: bool = False  # a cache model a preset's dedup-cache-models hides from the list
+    fetch: list[str] = field(default_factory=list)  # hf-repo names to download before a load
 
     def model_args(self) -> list[str]:
         """The files' flags: --model, --mmproj (the preset's model-draft is among `args`)."""
@@ -78,8 +81,9 @@ class Catalog:
     id; `parser` is `tandem serve`'s, whose flags a preset's keys name."""
 
     def __init__(self, models_dir: str | None, preset: str | None,
-                 parser: argparse.ArgumentParser) -> None:
+                 parser: argparse.ArgumentParser, offline: bool = False) -> None:
         self.models_dir, self.preset_path, self.parser = models_dir, preset, parser
+        self.offline = offline  # a preset's hf-repo must be in the cache already
         self._entries: dict[str, Entry] = {}
         self.reload()
 
@@ -94,7 +98,7 @@ class Catalog:
             for e in scan_dir(Path(self.models_dir)):
                 entries[e.id] = e
         if self.preset_path:
-            read_preset(Path(self.preset_path), entries, self.parser, cache)
+            read_preset(Path(self.preset_path), entries, self.parser, cache, self.offline)
         self._entries = dict(sorted(entries.items()))
 
     def entries(self, hidden: bool = False) -> list[Entry]:
@@ -163,27 +167,37 @@ def _shards(first: Path) -> list[Path]:
 
 
 def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.ArgumentParser,
-                cache: list[hfcache.CachedModel] = ()) -> None:
+                cache: list[hfcache.CachedModel] = (), offline: bool = True) -> None:
     """llama-server's INI presets into `entries`: a section naming a directory or cache model
     adds its flags to it, any other section is a model of its own and needs `model = PATH` or
-    `hf-repo = user/model[:tag]` (a model of llama-server's cache, never downloaded)."""
+    `hf-repo = user/model[:tag]` (a model of llama-server's cache; not there, it is listed in
+    `fetch` to be downloaded when it loads, its path a stand-in: an error if `offline`)."""
+    fetch: list[str] = []
+
+    def hub_model(section: str, key: str, name: str | None) -> hfcache.CachedModel | None:
+        found = _from_cache(path, section, key, name, cache, offline)
+        if name and found is None:
+            fetch.append(name)
+        return found
+
     ini = _parse_ini(path)
     glob = ini.pop(GLOBAL, {})
     glob_flags, _ = _section_flags(path, GLOBAL, glob, parser)
     glob_own = _section_flags(path, GLOBAL, glob, parser)[1]
     for name, keys in ini.items():
         words, own = _section_flags(path, name, keys, parser)
-        hub = _from_cache(path, name, "hf-repo", own.get("hf-repo"), cache)
+        fetch.clear()
+        model = keys.get("model")
+        hub = None if model else hub_model(name, "hf-repo", own.get("hf-repo"))
         e = entries.get(name)
         if e is None:
-            model = keys.get("model")
-            if not model and hub is None:
+            if not model and hub is None and not fetch:
                 raise TandemError(f"{path}: [{name}] is not a model of --models-dir or the "
                                   "cache and has neither 'model = PATH' nor 'hf-repo = "
                                   "user/model[:tag]'")
             p = Path(os.path.abspath(hub.path)) if hub is not None and not model else \
-                Path(model).expanduser().resolve()
-            e = entries[name] = Entry(name, p, "preset", files=_shards(p))
+                Path(model).expanduser().resolve() if model else Path(f"hf:{fetch[0]}")
+            e = entries[name] = Entry(name, p, "preset", files=[] if fetch else _shards(p))
             if hub is not None and not model:
                 e.files, e.mmproj = hub.files, hub.mmproj
         elif keys.get("model"):
@@ -194,10 +208,11 @@ def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.Argument
         merged = {**glob, **keys}
         e.args = glob_flags + words
         e.draft = own.get("model-draft", glob_own.get("model-draft")) or None
-        hub_draft = _from_cache(path, name, "spec-draft-hf",
-                                own.get("hf-draft", glob_own.get("hf-draft")), cache)
+        hub_draft = hub_model(name, "spec-draft-hf", own.get("hf-draft",
+                                                             glob_own.get("hf-draft")))
         if hub_draft is not None:
             e.draft = str(hub_draft.path)
+        e.fetch = list(fetch)
         if _bool(path, name, "dedup-cache-models", own.get(
                 "dedup-cache-models", glob_own.get("dedup-cache-models", "0"))):
             _hide_cached(entries, [e.path] + ([Path(e.draft)] if e.draft else []))
@@ -211,14 +226,21 @@ def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.Argument
 
 
 def _from_cache(path: Path, section: str, key: str, name: str | None,
-                cache: list[hfcache.CachedModel]) -> hfcache.CachedModel | None:
+                cache: list[hfcache.CachedModel], offline: bool) -> hfcache.CachedModel | None:
     if not name:
         return None
     found = hfcache.find(name, cache)
-    if found is None:
+    if found is None and offline:
         raise TandemError(f"{path}: [{section}] {key} = {name}: not in llama-server's cache "
-                          f"({hfcache.cache_dir()}), and Tandem downloads nothing: download it "
-                          "with llama-server -hf, or give 'model = PATH'")
+                          f"({hfcache.cache_dir()}), and --offline forbids downloading it: "
+                          "download it first (without --offline), or give 'model = PATH'")
+    if found is None:
+        from .hub import HubError, split_name
+
+        try:
+            split_name(name)
+        except HubError as err:
+            raise TandemError(f"{path}: [{section}] {key}: {err}") from None
     return found
 
 
@@ -261,9 +283,9 @@ def _section_flags(path: Path, section: str, keys: dict[str, str],
         elif key in HF_MODEL or key in HF_DRAFT:  # read from llama-server's cache
             own["hf-repo" if key in HF_MODEL else "hf-draft"] = value
         elif key in DOWNLOADS:
-            raise TandemError(f"{path}: [{section}] {key}: Tandem downloads nothing; give "
+            raise TandemError(f"{path}: [{section}] {key}: not supported by Tandem; give "
                               "'model = PATH' of a local GGUF file, or 'hf-repo = "
-                              "user/model[:tag]' of a model llama-server has downloaded")
+                              "user/model[:tag]' (downloaded into the cache if not there)")
         elif key.removeprefix("no-") in RESERVED:
             raise TandemError(f"{path}: [{section}] {key}: set by the router for every model "
                               "(llama-server overwrites it too); remove it from the preset")

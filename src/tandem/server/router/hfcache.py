@@ -1,6 +1,7 @@
-"""The models llama-server has downloaded (`llama-server -hf user/model:tag`), read where it
+"""The models downloaded from the Hugging Face hub (by llama-server -hf user/model:tag, or by
+Tandem's router: POST /models, a preset's hf-repo, serve -hf; hub.py), read where llama-server
 keeps them, offline: its router lists them as its "cache" source, and a preset's `hf-repo`
-names one. Tandem downloads nothing, so a model that is not there is an error naming it.
+names one.
 
 The cache is Hugging Face's hub layout (common/hf-cache.cpp), in the first of $LLAMA_CACHE,
 $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub,
@@ -11,7 +12,8 @@ $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/huggingface
 
 A model is "repo:TAG", TAG the file name's last -word or .word in capitals (gemma-3-4b-it-Q4_K_M
 .gguf: Q4_K_M), a split model named by its first shard; projectors ("mmproj") and draft
-sidecars are not models.
+sidecars are not models. A repo named without a tag is its Q4_K_M, else its Q8_0, else its
+first model (llama-server's find_best_model); the hub's file lists are read by the same rules.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from pathlib import Path
 SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.I)
 TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.I)
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-NOT_MODELS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")
-PREFERRED_TAG = "Q4_K_M"  # llama-server's choice when a repo is named without a tag
+NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+PREFERRED_TAGS = ("Q4_K_M", "Q8_0")  # llama-server's choice when a repo is named without a tag
 
 
 @dataclass(slots=True)
@@ -39,6 +41,11 @@ class CachedModel:
     @property
     def id(self) -> str:
         return f"{self.repo}:{self.tag}"
+
+
+def repo_dir(repo: str, root: Path | None = None) -> Path:
+    """The folder of `user/model` in the cache."""
+    return (cache_dir() if root is None else root) / ("models--" + repo.replace("/", "--"))
 
 
 def cache_dir() -> Path:
@@ -60,7 +67,31 @@ def split_info(name: str) -> tuple[str, str, int, int]:
     return prefix, (t.group(1).upper() if t else ""), index, count
 
 
-def _snapshot(repo_dir: Path) -> Path | None:
+def model_files(names: list[str]) -> dict[str, list[str]]:
+    """A repo's file names (paths in the repo) -> its models by TAG, each its files (a split
+    model's shards, first first), in the order given; projectors and sidecars left out."""
+    out: dict[str, list[str]] = {}
+    for n in names:
+        prefix, tag, index, count = split_info(n.rsplit("/", 1)[-1])
+        if not n.endswith(".gguf") or index != 1 or not tag or \
+                any(w in prefix for w in NOT_MODELS) or tag in out:
+            continue
+        folder = n[:len(n) - len(n.rsplit("/", 1)[-1])]
+        out[tag] = [n] if count == 1 else [
+            f"{folder}{prefix}-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)]
+    return out
+
+
+def pick(tags: list[str], tag: str) -> str | None:
+    """The TAG a name asks for among a repo's: its own (any case), or with none llama-server's
+    Q4_K_M, else Q8_0, else the first."""
+    if tag:
+        return tag.upper() if tag.upper() in tags else None
+    return next((t for t in PREFERRED_TAGS if t in tags), tags[0] if tags else None)
+
+
+def snapshot(repo_dir: Path) -> Path | None:
+    """The snapshot folder refs/main (else another ref) names, if it is there."""
     refs = repo_dir / "refs"
     if not refs.is_dir():
         return None
@@ -85,7 +116,7 @@ def cached_models(root: Path | None = None) -> list[CachedModel]:
         if not repo_dir.name.startswith("models--") or not repo_dir.is_dir():
             continue
         repo = repo_dir.name.removeprefix("models--").replace("--", "/")
-        snap = _snapshot(repo_dir)
+        snap = snapshot(repo_dir)
         if snap is None:
             continue
         files = sorted(p for p in snap.rglob("*.gguf"))
@@ -101,10 +132,9 @@ def cached_models(root: Path | None = None) -> list[CachedModel]:
 
 
 def find(name: str, models: list[CachedModel]) -> CachedModel | None:
-    """`user/model[:tag]` among the cached models (no tag: the only one, else Q4_K_M, else
-    the first)."""
+    """`user/model[:tag]` among the cached models (no tag: Q4_K_M, else Q8_0, else the
+    first)."""
     repo, _, tag = name.partition(":")
-    same = [m for m in models if m.repo == repo]
-    if tag:
-        return next((m for m in same if m.tag == tag.upper()), None)
-    return next((m for m in same if m.tag == PREFERRED_TAG), same[0] if same else None)
+    same = {m.tag: m for m in models if m.repo == repo}
+    chosen = pick(list(same), tag)
+    return None if chosen is None else same[chosen]

@@ -62,8 +62,9 @@ def run(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable
     @app.on_event("startup")
     async def _startup():
         for inst in models.instances.values():
-            if inst.entry.load_on_startup:
-                asyncio.create_task(models.load(inst.entry.id))
+            if inst.entry.load_on_startup:  # (a preset's model not in the cache: fetched first)
+                asyncio.create_task(app.state.downloads.load_later(
+                    inst, lambda name=inst.entry.id: models.load(name)))
 
     @app.on_event("shutdown")
     async def _shutdown():
@@ -71,6 +72,64 @@ def run(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable
 
     server.run(sockets=socks)
     return 0
+
+
+def from_hub(args: argparse.Namespace) -> None:
+    """-hf USER/MODEL[:QUANT] (llama-server's): downloaded (with --offline, found in the cache);
+    a preset repo becomes --models-preset (router mode), a model repo --model and --mmproj."""
+    import threading
+
+    from . import hfcache, hub
+
+    name = args.hf_repo
+    if args.model is not None:
+        raise TandemError(f"-hf {name} and --model {args.model} both name the model: give one")
+    if args.offline:
+        preset, model, mmproj = _from_cache(name)
+    else:
+        try:
+            plan = hub.plan(name)
+        except hub.HubError as e:
+            raise TandemError(f"-hf: {e}") from None
+        log.info("-hf %s: %s from %s into %s", name, ", ".join(plan.files), hub.endpoint(),
+                 hfcache.cache_dir())
+        try:
+            first = hub.fetch(plan, lambda *_: None, threading.Event())
+        except Exception as e:  # the hub's, the network's, the disk's
+            raise TandemError(f"-hf {name}: the download failed: {type(e).__name__}: "
+                              f"{hub.first_line(e)}") from None
+        snap = hfcache.repo_dir(plan.repo) / "snapshots" / plan.commit
+        preset = str(first) if plan.preset else None
+        model = None if plan.preset else str(first)
+        mmproj = str(snap / plan.files[-1]) if len(plan.files) > 1 and \
+            "mmproj" in plan.files[-1] else None
+    if preset is not None:
+        if args.models_preset:
+            raise TandemError(f"-hf {name} is a preset repo, and --models-preset "
+                              f"{args.models_preset} is another preset: give one")
+        args.models_preset = preset
+        return
+    if args.models_dir or args.models_preset:
+        raise TandemError(f"-hf {name} names a model, and --models-dir / --models-preset start "
+                          "a router, whose models are in the folder or the preset: drop one")
+    args.model = model
+    if mmproj and not args.mmproj and not getattr(args, "no_mmproj", False):
+        args.mmproj = mmproj
+
+
+def _from_cache(name: str) -> tuple[str | None, str | None, str | None]:
+    """-hf with --offline: (the preset, the model, its projector) of the cache."""
+    from . import hfcache, hub
+
+    repo, _ = hub.split_name(name)
+    snap = hfcache.snapshot(hfcache.repo_dir(repo))
+    if snap is not None and (snap / hub.PRESET).is_file():
+        return str(snap / hub.PRESET), None, None
+    found = hfcache.find(name, hfcache.cached_models())
+    if found is None:
+        raise TandemError(f"-hf {name}: not in the cache ({hfcache.cache_dir()}), and "
+                          "--offline forbids downloading it")
+    return None, str(found.path), None if found.mmproj is None else str(found.mmproj)
 
 
 def _prepare(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable):
@@ -87,7 +146,7 @@ def _prepare(args: argparse.Namespace, add_arguments: Callable, settings_of: Cal
                               '{"model", "draft"} for a draft')
     parser = _Strict(prog="tandem serve")
     add_arguments(parser)
-    catalog = Catalog(router.models_dir, router.models_preset, parser)
+    catalog = Catalog(router.models_dir, router.models_preset, parser, offline=args.offline)
     common = common_args(list(args.argv[2:]), parser)
     settings = flags.config_of(ServerSettings, args, model="router", model_draft=None,
                                engine=flags.engine_config(args),

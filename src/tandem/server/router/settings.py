@@ -20,6 +20,14 @@ class RouterSettings:
         help="router mode (with no --model): llama-server's INI model presets, a section per "
              "model (its flags as keys without dashes, e.g. model, model-draft, ctx-size), "
              "[*] for every model; load-on-startup, stop-timeout as llama-server's"))
+    hf_repo: str | None = field(default=None, metadata=flag(
+        "-hf", "-hfr", "--hf-repo", metavar="USER/MODEL[:QUANT]", env="LLAMA_ARG_HF_REPO",
+        help="a Hugging Face repo, downloaded into llama-server's cache ($LLAMA_CACHE, "
+             "$HF_HUB_CACHE, ~/.cache/huggingface/hub; the hub at $MODEL_ENDPOINT or "
+             "$HF_ENDPOINT, $HF_TOKEN sent) unless there already: a repo with a preset.ini "
+             "starts the router with that preset (its models downloaded as they load); else "
+             "its QUANT model (none: Q4_K_M, else Q8_0, else the first) and its projector are "
+             "served, as --model and --mmproj. With --offline, the cache only"))
     models_max: int = field(default=4, metadata=flag(
         "--models-max", metavar="N", env="LLAMA_ARG_MODELS_MAX",
         help="router mode: at most N models loaded at once, the least recently used unloaded "
