@@ -29,6 +29,7 @@ class StandInHub:
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, bytes]] = {}
         self.broken: set[tuple[str, str]] = set()
+        self.slow: set[tuple[str, str]] = set()  # sent in small pieces, slowly
         self.gets: list[str] = []
         hub = self
 
@@ -77,7 +78,8 @@ class StandInHub:
         if body and h.headers.get("Range", "").startswith("bytes="):
             start = int(h.headers["Range"][6:].split("-")[0])
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self._send(h, 206 if start else 200, data[start:], body, headers)
+        self._send(h, 206 if start else 200, data[start:], body, headers,
+                   slow=(repo, file) in self.slow)
 
     def _error(self, h, status: int, code: str, message: str, body: bool) -> None:
         headers = {"Content-Type": "application/json", "X-Error-Message": message}
@@ -86,13 +88,17 @@ class StandInHub:
         self._send(h, status, json.dumps({"error": message}).encode(), body, headers)
 
     @staticmethod
-    def _send(h, status: int, data: bytes, body: bool, headers: dict) -> None:
+    def _send(h, status: int, data: bytes, body: bool, headers: dict,
+              slow: bool = False) -> None:
         h.send_response(status)
         for k, v in {**headers, "Content-Length": str(len(data))}.items():
             h.send_header(k, v)
         h.end_headers()
-        if body:
-            h.wfile.write(data)
+        step = 1 << 15 if slow else len(data) or 1
+        for at in range(0, len(data) if body else 0, step):
+            h.wfile.write(data[at:at + step])
+            if slow:
+                time.sleep(0.02)
 
 
 DOWNLOAD = "org/model-router-download:F16"
@@ -121,6 +127,8 @@ def hub(tmp_path_factory):
     h.repos["org/broken-GGUF"] = {"broken-F16-00001-of-00002.gguf": blob,
                                   "broken-F16-00002-of-00002.gguf": blob + b"other"}
     h.broken.add(("org/broken-GGUF", "broken-F16-00002-of-00002.gguf"))
+    h.repos["org/slow-GGUF"] = {"slow-Q4_K_M.gguf": bytes(1 << 21)}
+    h.slow.add(("org/slow-GGUF", "slow-Q4_K_M.gguf"))
     h.repos["org/test-preset"] = {"preset.ini": (
         "version = 1\n\n[*]\nctx-size = 256\n\n"
         "[tiny-preset]\nhf-repo = org/tiny-GGUF:Q8_0\nno-mmproj = true\n\n"
@@ -342,3 +350,56 @@ def test_a_failed_download_says_why_and_leaves_nothing_listed(router, hub):
     r = httpx.delete(f"{s.url}/models", params={"model": name}, timeout=30)
     assert r.status_code == 200 and name not in _listing(s)
     events.stop.set()
+
+
+def test_delete_cancels_a_running_download_and_removes_its_part(router, hub):
+    s, cache = router
+    events = Events(s)
+    name = "org/slow-GGUF"  # no tag: its Q4_K_M
+    r = httpx.post(f"{s.url}/models", json={"model": name}, timeout=30)
+    assert r.status_code == 200, r.text
+    events.wait("download_progress", name)
+    assert _listing(s)[name]["status"]["value"] == "downloading"
+    r = httpx.post(f"{s.url}/models", json={"model": name}, timeout=30)
+    assert r.status_code == 400 and "already being downloaded" in r.text
+    r = httpx.delete(f"{s.url}/models", params={"model": name}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"success": True}, r.text
+    events.wait("model_remove", name)
+    assert not any(e["event"] == "download_finished" and e["model"] == name
+                   for e in events.got)
+    listing = _listing(s)
+    assert name not in listing and "org/slow-GGUF:Q4_K_M" not in listing
+    repo = cache / "models--org--slow-GGUF"
+    assert [p for p in repo.rglob("*") if p.is_file() and ".lock" not in p.name] == []
+    events.stop.set()
+
+
+def _env(hub, cache: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LLAMA_"))}
+    return {**env, "MODEL_ENDPOINT": hub.url, "LLAMA_CACHE": str(cache),
+            "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def test_serve_hf_of_a_model_repo_downloads_and_serves_it(hub, tmp_path):
+    import subprocess
+
+    from .servers import SERVE
+
+    h, _ = hub
+    for args, said in ((["-hf", "org/nothing-here"], "no repository org/nothing-here"),
+                       (["-hf", "org/tiny-GGUF", "--offline"], "--offline forbids"),
+                       (["-hf", "org/test-preset", "-m", "x.gguf"], "both name the model")):
+        out = subprocess.run([*SERVE, *args, "--port", "0"], capture_output=True, text=True,
+                             timeout=120, env=_env(h, tmp_path / "cache"))
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+    s = Server(["-hf", DOWNLOAD, "--threads", "1", "--no-warmup", "-c", "256"],
+               tmp_path / "serve.log", env=_env(h, tmp_path / "cache"))
+    try:
+        s.wait_ready(240)
+        r = httpx.post(f"{s.url}/completion", json={"prompt": "one two", "n_predict": 4,
+                                                    **GREEDY}, timeout=60)
+        assert r.status_code == 200, r.text
+        path = httpx.get(f"{s.url}/props", timeout=10).json()["model_path"]
+        assert path.endswith("model-router-download-F16.gguf") and str(tmp_path) in path
+    finally:
+        s.stop()
