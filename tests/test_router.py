@@ -250,8 +250,8 @@ def test_bad_requests_are_refused_by_name_and_the_others_keep_serving(router):
     assert r.status_code == 404 and "'nope'" in r.json()["error"]["message"]
     r = _post(router, "/v1/chat/completions", {"messages": CHAT})
     assert r.status_code == 400 and "model name is missing" in r.json()["error"]["message"]
-    r = _post(router, "/models", {"model": "ggml-org/x:Q8_0"})  # llama-server's download
-    assert r.status_code == 400 and "downloads nothing" in r.json()["error"]["message"]
+    r = _post(router, "/models", {"model": "org/tiny-GGUF:Q8_0"})  # a download: it is there
+    assert r.status_code == 400 and "already exists" in r.json()["error"]["message"]
     # a split model missing a shard: refused naming it, before any child starts
     r = _post(router, "/models/load", {"model": "broken"})
     assert r.status_code == 400 and "m-00002-of-00003.gguf" in r.json()["error"]["message"]
@@ -354,7 +354,7 @@ def test_preset_keys_are_the_flags_short_long_or_variables(tmp_path):
 
 @pytest.mark.parametrize("text,named", [
     ("[m]\nmodel = /x/m.gguf\nport = 9\n", "port: set by the router"),
-    ("[m]\nmodel = /x/m.gguf\nhf-file = a.gguf\n", "hf-file: Tandem downloads nothing"),
+    ("[m]\nmodel = /x/m.gguf\nhf-file = a.gguf\n", "hf-file: not supported by Tandem"),
     ("[m]\nctx-size = 9\n", "[m] is not a model"),
     ("[m]\nmodel = /x/m.gguf\njinja = perhaps\n", "jinja = 'perhaps': expected true or false"),
     ("[m\nmodel = x\n", "not an INI file"),

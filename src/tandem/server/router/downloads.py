@@ -86,16 +86,19 @@ class Downloads:
         if self.running(name):
             raise ApiError(400, f"model '{name}' is already being downloaded (GET /models "
                                 "shows its progress)")
+        self._refuse_listed(name, name)  # (before asking the hub)
         p = await self._plan(name)
         if p.preset:
             raise ApiError(400, f"model '{name}': {p.repo} is a preset repo (it has a "
                                 f"preset.ini), not a model: serve it with -hf {p.repo}")
-        for key in (name, p.id):
-            inst = self.models.get(key)
-            if inst is not None and not inst.entry.fetch:
-                raise ApiError(400, f"model '{name}' already exists (as {inst.entry.id}, "
-                                    f"source {inst.entry.source})")
+        self._refuse_listed(name, p.id)
         return self._begin(name, p)
+
+    def _refuse_listed(self, name: str, key: str) -> None:
+        inst = self.models.get(key)
+        if inst is not None and not inst.entry.fetch:
+            raise ApiError(400, f"model '{name}' already exists (as {inst.entry.id}, source "
+                                f"{inst.entry.source})")
 
     async def _plan(self, name: str) -> hub.Plan:
         try:
