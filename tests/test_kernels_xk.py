@@ -77,7 +77,7 @@ def test_grouped_rows_are_batch_invariant_in_every_build(kernel_build, qtype, ab
     """Row i of any product equals its 1-row product bit for bit, for 1 to 10 rows and more,
     1 to 3 threads (chunks of 32 weight rows: the last 16 rows alone), and the AVX2 build
     (maddubs, madd; IQ4_XS: |T| times signed activations) gives the AVX-512 build's (vpdpbusd,
-    vpdpwssd / vpmulld; IQ4_XS: T + 128, less 128 times the sums) integers and float steps.
+    vpdpwssd / vpmulld; IQ4_XS: T + 128 from -128 times the sums) integers and float steps.
     Random bytes: every sub-scale, Q3_K's negative ones and the largest included."""
     n, k, m = 80, 1536, 23
     raw = _tensor(qtype, n, k, seed=3)

@@ -29,8 +29,9 @@
  * ls_j = scales_l's nibble j | (scales_h >> 2j & 3) << 4; per weight row and activation row
  * S = sum_j (ls_j - 32) sum_{i in j} T[q_i] x8_i, exact in int32 (T llama.cpp's kvalues_iq4nl);
  * y = fma(float(S), d xs, y) per activation block. AVX-512 sums (T + 128) x8 (vpdpbusd takes
- * one unsigned side) and subtracts 128 sum_j (ls_j - 32) b_j; AVX2 sums |T| * (x8 signed by T)
- * (maddubs: pairs <= 2 * 127 * 127). Both give S, so the same bits. */
+ * one unsigned side) from -128 b_j (b_j the 32 activations' sum), i.e. sum T x8 per sub-block;
+ * AVX2 sums |T| * (x8 signed by T) (maddubs: pairs <= 2 * 127 * 127). Both give S, so the same
+ * bits. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -222,7 +223,9 @@ static inline __m512i iq4x_scale(const uint8_t *w, int j) {
                             _mm512_set1_epi32(32));
 }
 
-/* One 16-row IQ4_XS group against activation rows [0, mr) */
+/* One 16-row IQ4_XS group against activation rows [0, mr). Each row's sum of 32 products starts
+ * from -128 b_j (its activations' sum, loaded as a broadcast: no register copy), so that t is
+ * sum T x8 itself and S = sum_j (ls_j - 32) t_j needs no correction at the block's end. */
 static inline __attribute__((always_inline)) void iq4x_p(const uint8_t *w, int64_t nsb,
                                                          const acts8_t *A, int mr,
                                                          float (*y)[16], const int P) {
@@ -235,21 +238,18 @@ static inline __attribute__((always_inline)) void iq4x_p(const uint8_t *w, int64
         for (int pf = 0; pf < 128; pf += 64)
             _mm_prefetch((const char *)w + XPF + pf, _MM_HINT_T0);
         const __m512 d = f16_ps(w);
-        __m512i sc[8], scp[4]; /* scp dword r: sc_2t | sc_2t+1 << 16 */
-        for (int j = 0; j < 8; j++)
-            sc[j] = iq4x_scale(w, j);
-        for (int t = 0; t < 4; t++)
-            scp[t] = _mm512_or_si512(_mm512_and_si512(sc[2 * t], _mm512_set1_epi32(0xFFFF)),
-                                     _mm512_slli_epi32(sc[2 * t + 1], 16));
-        int32_t bp[MR][4];
+        int32_t off[MR][8]; /* -128 b_j: b_j = the sum of the row's 32 activations of sub-block j */
         for (int m = 0; m < mr; m++)
-            group_pairs(A->bs + m * (A->K / 16) + 16 * sb, bp[m]);
+            _mm256_storeu_si256((__m256i *)off[m], _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)(A->bs + m * (A->K / 16) + 16 * sb)),
+                _mm256_set1_epi16(-128)));
         __m512i S[MR];
         for (int m = 0; m < mr; m++)
             S[m] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             for (int pf = 0; pf < 256; pf += 64)
                 _mm_prefetch((const char *)w + XPF + 128 + 256 * j + pf, _MM_HINT_T0);
+            const __m512i sc = iq4x_scale(w, j);
             __m512i lo[4], hi[4];
             for (int p = 0; p < 4; p++) {
                 const __m512i V = _mm512_loadu_si512((const void *)(w + 128 + 64 * (4 * j + p)));
@@ -258,22 +258,18 @@ static inline __attribute__((always_inline)) void iq4x_p(const uint8_t *w, int64
             }
             for (int m = 0; m < mr; m++) {
                 const int8_t *x = A->q + m * A->K + 256 * sb + 32 * j;
-                __m512i t = _mm512_setzero_si512();
+                __m512i t = _mm512_set1_epi32(off[m][j]);
                 for (int p = 0; p < 4; p++)
                     t = _mm512_dpbusd_epi32(t, lo[p], _mm512_set1_epi32(load32(x + 4 * p)));
                 for (int p = 0; p < 4; p++)
                     t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
-                S[m] = _mm512_add_epi32(S[m], _mm512_mullo_epi32(t, sc[j]));
+                S[m] = _mm512_add_epi32(S[m], _mm512_mullo_epi32(t, sc));
             }
             if ((j + 1) % P)
                 continue;
-            for (int m = 0; m < mr; m++) { /* S - 128 sum_j sc_j b_j, one float step */
-                __m512i B = _mm512_setzero_si512();
-                for (int t = (j + 1 - P) / 2; t <= j / 2; t++)
-                    B = _mm512_dpwssd_epi32(B, scp[t], _mm512_set1_epi32(pair_of(bp[m][t], j, P)));
+            for (int m = 0; m < mr; m++) { /* one float step */
                 const __m512 xs = _mm512_set1_ps(A->s[m * A->G + 8 * sb + j + 1 - P]);
-                acc[m] = _mm512_fmadd_ps(cvt512_ps(_mm512_sub_epi32(S[m], _mm512_slli_epi32(B, 7))),
-                                         _mm512_mul_ps(d, xs), acc[m]);
+                acc[m] = _mm512_fmadd_ps(cvt512_ps(S[m]), _mm512_mul_ps(d, xs), acc[m]);
                 S[m] = _mm512_setzero_si512();
             }
         }
@@ -281,14 +277,50 @@ static inline __attribute__((always_inline)) void iq4x_p(const uint8_t *w, int64
     for (int m = 0; m < mr; m++)
         _mm512_storeu_ps(y[m], acc[m]);
 }
+
+/* iq4x_p with P and mr as compile-time constants */
+static void iq4x_rows(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
+                      int P) {
+#define IQ4_MR(p)                                                                                  \
+    switch (mr) {                                                                                  \
+    case 1: iq4x_p(w, nsb, A, 1, y, p); break;                                                     \
+    case 2: iq4x_p(w, nsb, A, 2, y, p); break;                                                     \
+    case 3: iq4x_p(w, nsb, A, 3, y, p); break;                                                     \
+    case 4: iq4x_p(w, nsb, A, 4, y, p); break;                                                     \
+    case 5: iq4x_p(w, nsb, A, 5, y, p); break;                                                     \
+    case 6: iq4x_p(w, nsb, A, 6, y, p); break;                                                     \
+    case 7: iq4x_p(w, nsb, A, 7, y, p); break;                                                     \
+    case 8: iq4x_p(w, nsb, A, 8, y, p); break;                                                     \
+    case 9: iq4x_p(w, nsb, A, 9, y, p); break;                                                     \
+    default: iq4x_p(w, nsb, A, MR, y, p); break;                                                   \
+    }
+    _Static_assert(MR == 10, "a case for every mr up to MR");
+    if (P == 8)
+        IQ4_MR(8)
+    else if (P == 4)
+        IQ4_MR(4)
+    else if (P == 2)
+        IQ4_MR(2)
+    else
+        IQ4_MR(1)
+#undef IQ4_MR
+}
 #else
 #include "rowdotxk_avx2.h"
 #endif
 
 void xk_group(int type, const uint8_t *w, int64_t nsb, const acts8_t *A, int mr, float (*y)[16],
               int P) {
+#if TQ_AVX512
+    if (type == T_IQ4_XSX) {
+        iq4x_rows(w, nsb, A, mr, y, P);
+        return;
+    }
+#define XK_P(p) (type == T_Q3_KX ? qkx_p(w, nsb, A, mr, y, p, 1) : qkx_p(w, nsb, A, mr, y, p, 0))
+#else
 #define XK_P(p) (type == T_IQ4_XSX ? iq4x_p(w, nsb, A, mr, y, p)                              \
                  : type == T_Q3_KX ? qkx_p(w, nsb, A, mr, y, p, 1) : qkx_p(w, nsb, A, mr, y, p, 0))
+#endif
     if (P == 8)
         XK_P(8);
     else if (P == 4)
