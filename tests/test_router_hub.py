@@ -403,3 +403,20 @@ def test_serve_hf_of_a_model_repo_downloads_and_serves_it(hub, tmp_path):
         assert path.endswith("model-router-download-F16.gguf") and str(tmp_path) in path
     finally:
         s.stop()
+
+
+def test_post_models_downloads_even_with_offline_as_llama_server(hub, tmp_path):
+    """--offline forbids the downloads nobody asked for; POST /models is asked for."""
+    (tmp_path / "models").mkdir()
+    s = Server(["--models-dir", str(tmp_path / "models"), "--offline"], tmp_path / "r.log",
+               env=_env(hub[0], tmp_path / "cache"))
+    try:
+        s.wait_ready(120)
+        events = Events(s)
+        r = httpx.post(f"{s.url}/models", json={"model": "org/tiny-GGUF:F16"}, timeout=30)
+        assert r.status_code == 200, r.text
+        events.wait("download_finished", "org/tiny-GGUF:F16")
+        assert _listing(s)["org/tiny-GGUF:F16"]["source"] == "cache"
+        events.stop.set()
+    finally:
+        s.stop()

@@ -6,7 +6,9 @@ with llama-server's flags. This shim passes every flag through to `tandem serve`
 except the model download flags (`--hf-repo`, `--hf-file`, `--model-url`), which name models
 that no machine here can fetch: each suite model is replaced by a local one of the same kind.
 The suite's router preset (no model at all: llama-server then serves the models of its cache)
-finds the cache's models, each linked to its stand-in (router_cache), and an empty preset.
+finds the cache's models, each linked to its stand-in (router_cache), and an empty preset. A
+preset repo of the hub (`--hf-repo` of PRESET_REPOS: router mode on its preset.ini) passes
+through unchanged: Tandem downloads it as llama-server does, so it needs the hub.
 Nothing else is dropped or rewritten, so an unsupported flag fails the test as it should.
 
 Usage: LLAMA_SERVER_BIN_PATH=experiments/llama_suite/shim.py pytest ... (see run.sh)
@@ -60,6 +62,7 @@ CACHE_MODELS = {"ggml-org/tinygemma3-GGUF:Q8_0": "tinygemma3-Q8_0.gguf",
                 "ggml-org/test-model-stories260K:F32": "stories260K-F32.gguf",
                 "ggml-org/test-model-stories260K-infill:F32": "stories260K-infill-F32.gguf"}
 EMPTY_PRESET = os.path.expanduser("~/.cache/tandem/suite/router-empty.ini")
+PRESET_REPOS = ("ggml-org/test-preset-ci",)  # test_router_remote_preset's
 
 
 def router_cache() -> None:
@@ -105,13 +108,18 @@ def main(argv):
     out, model_hint, i = [], None, 0
     while i < len(argv):
         arg = argv[i]
+        if arg in ("--hf-repo", "-hfr") and argv[i + 1] in PRESET_REPOS:
+            out += argv[i:i + 2]
+            i += 2
+            continue
         if arg in ("--hf-repo", "-hfr", "--hf-file", "-hff", "--model-url", "-mu"):
             model_hint = (model_hint or "") + " " + argv[i + 1]
             i += 2
             continue
         out.append(arg)
         i += 1
-    router = not ({"--model", "-m", "--models-dir", "--models-preset"} & set(out))
+    router = not ({"--model", "-m", "--models-dir", "--models-preset", "--hf-repo", "-hfr"}
+                  & set(out))
     if model_hint is None and (router or "--models-preset" in out):  # the router preset
         router_cache()
         if router:

@@ -81,7 +81,7 @@ def _routes(app: FastAPI, models: Models, downloads: Downloads) -> None:
         now = int(time.time())
         rows = [_item(i, models, now, downloads.status_of(i))
                 for i in models.instances.values() if not i.entry.hidden]
-        rows += downloads.rows({r["id"] for r in rows})
+        rows += downloads.rows({r["id"] for r in rows}, now)
         return {"data": rows, "object": "list"}
 
     @app.post("/models/load")

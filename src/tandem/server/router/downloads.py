@@ -13,6 +13,9 @@ hub.py in a thread while the router keeps serving:
     a preset's hf-repo not in the cache   downloaded when the model is first loaded
         (POST /models/load answers at once and loads it after; a request that autoloads waits)
 
+--offline forbids the downloads no request asked for (a preset's models), not POST /models: an
+explicit download, as llama-server makes it whatever its --offline.
+
 While it downloads, GET /models lists the name with status "downloading" (its progress); a
 failed download stays listed as "failed" with its error until DELETE or a new POST, and leaves
 no file of its own in the cache. Downloads of one repo run one after the other.
@@ -44,14 +47,16 @@ class Download:
     task: asyncio.Task | None = None
     listed: bool = True  # a row of its own in GET /models (not a preset model's file)
 
-    def item(self) -> dict:
+    def item(self, now: int) -> dict:
         """Its GET /models row (llama-server lists a download as a cache model)."""
         status: dict = {"value": self.status, "progress": self.progress}
         if self.status == "failed":
             status.update(failed=True, error=self.error)
         return {"id": self.name, "aliases": [], "tags": [], "object": "model",
-                "owned_by": "tandem", "status": status, "source": "cache", "can_remove": True,
-                "files": self.plan.files}
+                "owned_by": "tandem", "created": now, "status": status,
+                "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "source": "cache", "can_remove": True, "path": None, "mmproj": None,
+                "draft": None, "files": self.plan.files}
 
 
 class Downloads:
@@ -64,9 +69,10 @@ class Downloads:
         d = self.by_name.get(name)
         return d if d is not None and d.status == "downloading" else None
 
-    def rows(self, listed: set[str]) -> list[dict]:
+    def rows(self, listed: set[str], now: int) -> list[dict]:
         """GET /models's rows of the downloads asked by POST /models, but those listed."""
-        return [d.item() for d in self.by_name.values() if d.listed and d.name not in listed]
+        return [d.item(now) for d in self.by_name.values()
+                if d.listed and d.name not in listed]
 
     def status_of(self, inst: Instance) -> dict | None:
         """A preset model's status while what it needs downloads: "downloading" and the
@@ -80,9 +86,6 @@ class Downloads:
     # --- POST /models -------------------------------------------------------------------
     async def start(self, name: str) -> Download:
         """Check `name` against the hub, then download it in the background."""
-        if self.offline:
-            raise ApiError(400, f"model '{name}': the router runs with --offline, which "
-                                "forbids downloading")
         if self.running(name):
             raise ApiError(400, f"model '{name}' is already being downloaded (GET /models "
                                 "shows its progress)")

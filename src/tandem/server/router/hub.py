@@ -161,6 +161,7 @@ def fetch(p: Plan, progress: Progress, cancel: threading.Event) -> Path:
     repo_dir = hfcache.repo_dir(p.repo, root)
     snap = repo_dir / "snapshots" / p.commit
     had = {f for f in p.files if (snap / f).exists()}
+    parts = set((repo_dir / "blobs").glob("*.incomplete"))  # another's: left alone
     paths = []
     try:
         for f in p.files:
@@ -175,7 +176,7 @@ def fetch(p: Plan, progress: Progress, cancel: threading.Event) -> Path:
         os.replace(tmp, repo_dir / "refs" / "main")
     except BaseException:
         _remove_files(repo_dir, [snap / f for f in p.files if f not in had])
-        for part in (repo_dir / "blobs").glob("*.incomplete"):
+        for part in set((repo_dir / "blobs").glob("*.incomplete")) - parts:
             part.unlink(missing_ok=True)
         raise
     return paths[0]
