@@ -155,6 +155,11 @@ class Downloads:
             return str(e)
         return ""
 
+    def close(self) -> None:
+        """The router stops: every download cancelled (at its next piece), its part removed."""
+        for d in self.by_name.values():
+            d.cancel.set()
+
     # --- DELETE /models -----------------------------------------------------------------
     async def remove(self, name: str) -> None:
         d = self.by_name.get(name)

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace, add_arguments: Callable, settings_of: Callable
 
     @app.on_event("shutdown")
     async def _shutdown():
+        app.state.downloads.close()  # (a download's thread would keep the process alive)
         await models.close()
 
     server.run(sockets=socks)
