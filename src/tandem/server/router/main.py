@@ -95,7 +95,7 @@ def from_hub(args: argparse.Namespace) -> None:
         log.info("-hf %s: %s from %s into %s", name, ", ".join(plan.files), hub.endpoint(),
                  hfcache.cache_dir())
         try:
-            first = hub.fetch(plan, lambda *_: None, threading.Event())
+            first = hub.fetch(plan, _said_every_tenth(), threading.Event())
         except Exception as e:  # the hub's, the network's, the disk's
             raise TandemError(f"-hf {name}: the download failed: {type(e).__name__}: "
                               f"{hub.first_line(e)}") from None
@@ -116,6 +116,19 @@ def from_hub(args: argparse.Namespace) -> None:
     args.model = model
     if mmproj and not args.mmproj and not getattr(args, "no_mmproj", False):
         args.mmproj = mmproj
+
+
+def _said_every_tenth() -> Callable[[str, int, "int | None"], None]:
+    """-hf's download progress in the log: each file at every tenth of it."""
+    said: dict[str, int] = {}
+
+    def progress(url: str, done: int, total: int | None) -> None:
+        tenth = done * 10 // total if total else 0
+        if said.get(url, -1) < tenth:
+            said[url] = tenth
+            log.info("-hf: %s: %d%% of %.1f MB", url.rsplit("/", 1)[-1], tenth * 10,
+                     (total or 0) / 1e6)
+    return progress
 
 
 def _from_cache(name: str) -> tuple[str | None, str | None, str | None]:
