@@ -60,3 +60,19 @@ def test_the_pairs_plan_adds_the_draft_to_the_targets(catalog):
     # the plan follows the settings it is given (the child's command line in the router)
     longer = draft_choices("target", catalog, plans(catalog[0][1], 4096))
     assert longer["plan"]["total"] > alone["total"]
+
+
+def test_a_target_not_downloaded_or_unreadable_is_a_clear_error(catalog, tmp_path):
+    from tandem.server.schemas import ApiError
+
+    missing = [("pending", tmp_path / "hf:user-model"), *catalog]
+    with pytest.raises(ApiError) as e:
+        draft_choices("pending", missing, plans(catalog[0][1], 256))
+    assert e.value.status == 409 and "not downloaded yet" in str(e.value)
+    with pytest.raises(ApiError) as e:
+        draft_choices("broken", catalog, plans(catalog[0][1], 256))
+    assert e.value.status == 400 and "broken" in str(e.value)
+    # as a draft, a model not downloaded yet is refused by name; the others are still judged
+    out = draft_choices("target", missing, plans(catalog[0][1], 256))
+    rows = {r["id"]: r for r in out["data"]}
+    assert rows["pending"]["rule"] == "unreadable" and rows["draft"]["accepted"]

@@ -53,7 +53,13 @@ def draft_choices(model: str, catalog: list[tuple[str, Path]],
     plan_for(draft file or None): the memory plan (as_json) of the target loaded with it, as
     the server would load them."""
     paths = dict(catalog)
-    target = _inspect(paths[model])
+    try:
+        target = _inspect(paths[model])
+    except FileNotFoundError:
+        raise ApiError(409, f"model '{model}' is not downloaded yet ({paths[model]}): its "
+                            "drafts are judged once it is (POST /models/load fetches it)") from None
+    except (TandemError, OSError, ValueError) as e:
+        raise ApiError(400, f"model '{model}' cannot be read: {e}") from None
     out = []
     for cid, path in catalog:
         row = {"id": cid, "path": str(path), "accepted": False, "rule": None, "message": "",
