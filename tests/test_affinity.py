@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from tandem.cluster.affinity import BLOCK, Affinity, Route, block_keys
 
 
@@ -90,3 +92,18 @@ def test_a_shared_head_alone_does_not_make_a_request_wait():
     assert aff.choose(["a", "b"], Counter().__getitem__, new)[0] == "a"  # no wait: a
     turn2 = route(system + list(range(100, 100 + 4 * BLOCK)))  # 4 of 5 blocks held by a
     assert aff.choose(["a", "b"], Counter(a=2).__getitem__, turn2)[0] == "a"
+
+
+def test_the_router_switch_of_a_baseline(monkeypatch):
+    """TANDEM_FLEET_ROUTER picks the prefix router (default) or Ray Serve's own (pow2); any other
+    value is refused before anything starts."""
+    from tandem.cluster.settings import router_choice
+    from tandem.errors import TandemError
+
+    monkeypatch.delenv("TANDEM_FLEET_ROUTER", raising=False)
+    assert router_choice() == "prefix"
+    monkeypatch.setenv("TANDEM_FLEET_ROUTER", "pow2")
+    assert router_choice() == "pow2"
+    monkeypatch.setenv("TANDEM_FLEET_ROUTER", "round-robin")
+    with pytest.raises(TandemError, match="TANDEM_FLEET_ROUTER=round-robin"):
+        router_choice()

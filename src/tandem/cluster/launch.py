@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ..errors import TandemError
-from .settings import INSTALL, FleetSettings
+from .settings import INSTALL, FleetSettings, router_choice
 
 log = logging.getLogger("tandem.server")
 APP, ENGINES = "tandem", "tandem-engines"  # the ingress's application, the replicas'
@@ -33,6 +33,7 @@ def serve(settings, fleet: FleetSettings, load) -> int:
     """Serve the fleet until a signal; `load(state)` loads one replica's models
     (server/cli.py's). Raises TandemError for what the user must change."""
     _check(settings)
+    router_choice()  # a bad TANDEM_FLEET_ROUTER said before anything starts
     _check_models(settings)
     if _loopback(fleet.ray):  # every Ray server on 127.0.0.1, advertised as such
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read when ray is imported)
@@ -167,15 +168,16 @@ def _deploy(ray, ray_serve, settings, fleet: FleetSettings, threads: int, load):
     board = ray.remote(Board).options(name=NAME, namespace=NAMESPACE, num_cpus=0).remote(
         settings.spec.suffix_pool)  # (a replica without a pool publishes nothing)
     quiet = {"log_level": "WARNING", "enable_access_log": False}
+    routing = RequestRouterConfig() if router_choice() == "pow2" else RequestRouterConfig(
+        request_router_class=PrefixRouter,
+        request_router_kwargs={"slack": settings.engine.n_parallel + 1})
     engines = ray_serve.deployment(
         EngineReplica, name="Engine", num_replicas=fleet.replicas,
         ray_actor_options={"num_cpus": threads},
         max_ongoing_requests=settings.max_queue + settings.engine.n_parallel,
         # past every replica's queue, a 503 at once (as one server's full queue), not a wait
         max_queued_requests=max(1, settings.max_queue * fleet.replicas),
-        request_router_config=RequestRouterConfig(
-            request_router_class=PrefixRouter,
-            request_router_kwargs={"slack": settings.engine.n_parallel + 1}),
+        request_router_config=routing,
         health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
         max_constructor_retry_count=1, logging_config=quiet)
     ingress = ray_serve.deployment(

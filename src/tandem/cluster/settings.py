@@ -3,12 +3,25 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..config import flag
 from ..errors import TandemError
 
 INSTALL = "pip install 'tandem[cluster]' (or pip install -e '.[cluster]' in a checkout)"
+# a measurement's baseline, not a user's setting: TANDEM_FLEET_ROUTER=pow2 deploys the engines
+# behind Ray Serve's own default router (power of two choices on queue length, blind to
+# prefixes and sessions) instead of the prefix router (experiments/fleet_goals.py)
+ROUTERS = ("prefix", "pow2")
+
+
+def router_choice() -> str:
+    """The engines' router, from TANDEM_FLEET_ROUTER (default: prefix)."""
+    name = os.environ.get("TANDEM_FLEET_ROUTER", "prefix") or "prefix"
+    if name not in ROUTERS:
+        raise TandemError(f"TANDEM_FLEET_ROUTER={name}: give one of {', '.join(ROUTERS)}")
+    return name
 
 
 @dataclass(slots=True)
