@@ -47,6 +47,23 @@ VARIANTS = {"tandem int16": ("int16", "f32"), "tandem int8": ("int8", "f32"),
             "tandem int8-down64, f16 cache": ("int8-down64", "f16")}
 
 
+def pick_variants(spec: str) -> list[str]:
+    """The VARIANTS labels of a comma-separated list; labels that hold a comma themselves
+    ("tandem int8-down64, f16 cache") are matched whole, the longest first (split on every
+    comma, that one read as "tandem int8-down64": the float32 cache, not the default)."""
+    parts = [p.strip() for p in spec.split(",")]
+    out, i = [], 0
+    while i < len(parts):
+        for j in range(len(parts), i, -1):
+            if ", ".join(parts[i:j]) in VARIANTS:
+                out.append(", ".join(parts[i:j]))
+                i = j
+                break
+        else:
+            raise SystemExit(f"--variants: {parts[i]!r} is not one of: " + "; ".join(VARIANTS))
+    return out
+
+
 def build_text(chars: int) -> str:
     code = CODE.read_text(encoding="utf-8")[:chars]
     prose = PROSE.read_text(encoding="utf-8")[:chars]
@@ -200,6 +217,7 @@ def main() -> int:
     from tandem.models.loader import load_model
     from tandem.registry import resolve
 
+    chosen = pick_variants(a.variants)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     text = build_text(a.chars)
@@ -212,7 +230,7 @@ def main() -> int:
     first = a.ctx // 2
     variants = {label: (load_model(a.model, Numerics(activations=act, threads=a.threads),
                                    max_len=a.ctx + 1), cache)
-                for label, (act, cache) in VARIANTS.items() if label in a.variants.split(",")}
+                for label, (act, cache) in VARIANTS.items() if label in chosen}
     stats = {label: Stats() for label in variants}
     for c in range(n_chunks):
         chunk = ids[c * a.ctx:(c + 1) * a.ctx]
