@@ -1,6 +1,7 @@
-"""Issue 58's goals 3-5 measured on a real fleet (`tandem serve --replicas 2 --threads 1`, the
-default model), each against its target:
+"""Issue 58's goals 1 and 3-5 measured on a real fleet (`tandem serve --replicas 2 --threads
+1`, the default model), each against its target:
 
+  1. goal 4's first answers (greedy) against one `tandem serve` of the same flags.
   3. conversations: K two-turn chats (a shared system prompt, a distinct 300-600-token user
      text each); the first turns two at a time, then each second turn alone, streamed.
      Landing = the second turn on the replica that answered the first, with `timings.cache_n`
@@ -45,6 +46,11 @@ from common import ROOT, command_line, cpu_line, free_port, post, serving, short
 
 SYSTEM = ("You are a careful senior engineer reviewing Python code for a team. Answer briefly "
           "and precisely; name functions and lines when you refer to them.")
+
+
+PROMPTS = [f"Write a Python function that {t}." for t in
+           ("reverses the words of a sentence", "checks if a number is prime",
+            "merges two sorted lists", "counts vowels in a string")]
 
 
 def user_texts(k: int, chars: int) -> list[str]:
@@ -155,7 +161,7 @@ def repeats(url: str, prompts: list[str], n: int) -> list[dict]:
         body = {"prompt": prompt, "n_predict": n, "temperature": 0.0, "top_k": 1}
         first = post(f"{url}/completion", body, headers={"x-session": a})
         time.sleep(1.5)  # a report each way (0.5 s): published, taken by B
-        row = {"first": first["timings"], "text_same": {}}
+        row = {"first": first["timings"], "text_same": {}, "content": first["content"]}
         for side in (("B", "A") if i % 2 == 0 else ("A", "B")):
             r = post(f"{url}/completion", body, headers={"x-session": a if side == "A" else b})
             row[side] = r["timings"]
@@ -247,9 +253,11 @@ def kill_under_load(url: str, root: int, n: int, hang_s: float, kill_after: floa
             "requests": outcome}
 
 
-def fleet_cmd(a, port: int) -> list[str]:
+def fleet_cmd(a, port: int, replicas: int = 2) -> list[str]:
+    """The fleet's command line (replicas=0: one server of the same flags)."""
+    fleet = ["--replicas", str(replicas)] if replicas else []
     return [sys.executable, "-m", "tandem.cli", "serve", "-m", a.model, "--host", "127.0.0.1",
-            "--port", str(port), "--replicas", "2", "--threads", "1", "--parallel", "2",
+            "--port", str(port), *fleet, "--threads", "1", "--parallel", "2",
             "--spec-type", "suffix", *shlex.split(a.serve_args)]
 
 
@@ -323,6 +331,10 @@ def summary(res: dict, a) -> list[str]:
                    f"{spread(acc('first'))}; B/A = {ratio:.2f} (target >= 0.90: "
                    f"{'met' if ratio >= 0.9 else 'NOT met'}); same text: "
                    f"{[r['text_same'] for r in res['repeats']]}")
+    if "single" in res and "repeats" in res:
+        same = [x == r["content"] for x, r in zip(res["single"], res["repeats"])]
+        out.append(f"- goal 1: greedy answers through the fleet = one server's: "
+                   f"{sum(same)}/{len(same)} ({a.n_repeat} tokens each)")
     if "kill" in res:
         k = res["kill"]
         kinds = [r["outcome"] for r in k["requests"]]
@@ -350,7 +362,8 @@ def main() -> None:
     p.add_argument("--kill-n-predict", type=int, default=32)
     p.add_argument("--kill-after", type=float, default=8.0)
     p.add_argument("--hang-s", type=float, default=180.0)
-    p.add_argument("--goals", default="3,4,5")
+    p.add_argument("--goals", default="1,3,4,5",
+                   help="1 needs 4 (its answers are compared with one server's)")
     p.add_argument("--serve-args", default="--ctx-size 2048")
     p.add_argument("--out", type=Path, default=Path("/tmp/fleet-goals"))
     a = p.parse_args()
@@ -360,6 +373,12 @@ def main() -> None:
     res: dict = {"command": command_line(), "cpu": cpu_line(), "commit": short_rev("HEAD"),
                  "load_before": os.getloadavg()}
     log = a.out / "fleet.log"
+    if "1" in goals:  # one server of the same flags (1 thread): goal 4's first answers' reference
+        port = free_port()
+        with serving(fleet_cmd(a, port, replicas=0), port, log) as url:
+            res["single"] = [post(f"{url}/completion", {"prompt": q, "n_predict": a.n_repeat,
+                                                        "temperature": 0.0, "top_k": 1}
+                                  )["content"] for q in PROMPTS[:a.repeats]]
     if "3" in goals:
         res["conversations"] = {}
         with Fleet(a, "pow2", log) as f:
@@ -369,10 +388,7 @@ def main() -> None:
         if "3" in goals:
             res["conversations"]["prefix"] = conversations(f.url, texts, a.n_first, a.n_second)
         if "4" in goals:
-            prompts = [f"Write a Python function that {t}." for t in
-                       ("reverses the words of a sentence", "checks if a number is prime",
-                        "merges two sorted lists", "counts vowels in a string")][:a.repeats]
-            res["repeats"] = repeats(f.url, prompts, a.n_repeat)
+            res["repeats"] = repeats(f.url, PROMPTS[:a.repeats], a.n_repeat)
         if "5" in goals:
             res["kill"] = kill_under_load(f.url, f.proc.pid, a.kill_n_predict, a.hang_s,
                                           a.kill_after, a.linger)
