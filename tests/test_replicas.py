@@ -215,6 +215,16 @@ def test_a_session_sticks_to_its_replica(fleet):
     assert len(seen) == 1
 
 
+def test_every_slot_named_is_one_replicas():
+    """id_slot 0 and 1 are one server's slots: one session for every request naming a slot
+    (the fixture's replicas have one slot each, so this is the ingress's rule alone)."""
+    from tandem.cluster.ingress import _session
+
+    assert _session(None, {"id_slot": 0}) == _session(None, {"id_slot": 1}) == "id_slot"
+    assert _session(None, {"id_slot": -1}) is None and _session(None, {}) is None
+    assert _session("alice", {"id_slot": 1}) == "alice"
+
+
 def test_an_answer_given_on_one_replica_drafts_on_the_other(fleet):
     """The suffix pool across replicas: the same request on the replica that did not answer it
     is drafted from the answer the other gave (origin "suffix-pool")."""
@@ -345,3 +355,27 @@ def _pid_of(fleet: Server, replica: str) -> int:
     pattern = re.compile(r"pid=(\d+)\).*tandem\[" + replica + r"\]: replica \w+ ready")
     [pid] = {int(m.group(1)) for m in pattern.finditer(fleet.log())}
     return pid
+
+
+def test_a_verbose_replica_logs_its_debug_lines():
+    """--verbose reaches each replica's loggers, as one server's (llama.cpp's
+    test_kv_keep_only_active reads a debug line of the engine); without it, info only."""
+    import logging
+
+    from tandem.cluster.replica import _log_to_stderr
+
+    loggers = [logging.getLogger(n) for n in ("tandem.server", "tandem.engine")]
+    saved = [(lg.level, list(lg.handlers), lg.propagate) for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.handlers.clear()
+        _log_to_stderr("r0", verbose=True)
+        assert all(lg.isEnabledFor(logging.DEBUG) for lg in loggers)
+        _log_to_stderr("r0")
+        assert not any(lg.isEnabledFor(logging.DEBUG) for lg in loggers)
+        assert all(lg.isEnabledFor(logging.INFO) for lg in loggers)
+    finally:
+        for lg, (level, handlers, propagate) in zip(loggers, saved):
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate

@@ -139,9 +139,7 @@ class _Ingress:
             data = {}
         if not isinstance(data, dict):
             data = {}
-        slot = data.get("id_slot")
-        if session is None and isinstance(slot, int) and slot >= 0:
-            session = f"id_slot:{slot}"
+        session = _session(session, data)
         tok = await self._tokenizer()
         try:
             tokens = await asyncio.to_thread(_prompt_tokens, tok, data)
@@ -166,6 +164,16 @@ class _Ingress:
         except Exception as e:
             log.warning("routing by bytes, not tokens: the tokenizer of %s: %s", path, e)
         return self.tok
+
+
+def _session(header: str | None, data: dict) -> str | None:
+    """The request's session: its x-session header, else, for a request naming a slot
+    (`id_slot` >= 0), one session for all of them: a client naming slots means one server's
+    (llama.cpp's test_kv_keep_only_active: slot 1's launch clears idle slot 0 there)."""
+    slot = data.get("id_slot")
+    if header is None and isinstance(slot, int) and slot >= 0:
+        return "id_slot"
+    return header
 
 
 def _loading(replicas: int) -> ApiError:

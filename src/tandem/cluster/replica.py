@@ -60,7 +60,7 @@ class EngineReplica:
 
         loopback_grpc()
         self.id = serve.get_replica_context().replica_id.unique_id
-        _log_to_stderr(self.id)
+        _log_to_stderr(self.id, settings.verbose)
         self.state = ServerState(settings)
         try:
             load(self.state)  # the memory plan, the models, the warm-up, the worker
@@ -157,14 +157,15 @@ def _scope(request: dict) -> dict:
             "server": ("127.0.0.1", 0), "state": {}}
 
 
-def _log_to_stderr(replica: str) -> None:
+def _log_to_stderr(replica: str, verbose: bool = False) -> None:
     """The server's and the engine's log lines in the replica's stderr (Ray's log files, and
-    the driver's terminal), each naming the replica."""
+    the driver's terminal), each naming the replica; with --verbose their debug lines too, as
+    one server's (llama.cpp's test_kv_keep_only_active reads one)."""
     for name in ("tandem.server", "tandem.engine"):
         logger = logging.getLogger(name)
         if not logger.handlers:
             h = logging.StreamHandler(sys.stderr)
             h.setFormatter(logging.Formatter(f"tandem[{replica}]: %(message)s"))
             logger.addHandler(h)
-            logger.setLevel(logging.INFO)
             logger.propagate = False
+        logger.setLevel(logging.DEBUG if verbose else logging.INFO)
