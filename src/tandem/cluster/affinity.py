@@ -6,8 +6,8 @@ The problem: a replica reuses the prompt prefix it already holds (its slots' KV 
 recomputes the whole conversation. But a replica whose queue is long makes the turn wait.
 
 The rule, for each request:
-  1. It names a session (an `x-session` header, or llama.cpp's `id_slot`): the replica the
-     session was first sent to, while it lives.
+  1. It names a session (an `x-session` header, or llama.cpp's `id_slot`: one session for
+     every slot): the replica the session was first sent to, while it lives.
   2. Its prompt shares a prefix with prompts sent before: among the replicas holding the
      longest such prefix (counted in tokens, BLOCK at a time), the one with the shortest
      queue, unless that queue is more than `slack` requests longer than the fleet's shortest
