@@ -178,6 +178,61 @@ static inline __attribute__((always_inline)) void row_dotb(const uint8_t *w, con
 #endif
 }
 
+/* NWB weight rows (rb bytes apart) against mr <= 2 activation rows (decode): out[i][m], each
+ * output by row_dotb's steps (so the same bits). One weight row's chain of dependent steps
+ * alone waits on their latency; NWB rows' chains interleaved keep the units busy (rowdotn.c's
+ * rows_dotf for F16 / BF16). Prefetched in the loop, a line (32 weights) a row at a time. */
+#if TQ_AVX512
+#define NWB 8
+#else
+#define NWB 4
+#endif
+static inline __attribute__((always_inline)) void rows_dotb(const uint8_t *w, int64_t rb,
+                                                            const uint8_t *x, int64_t xs,
+                                                            int64_t K, int mr,
+                                                            float out[NWB][2], const int native) {
+#if TQ_AVX512
+    __m512 acc[NWB][2];
+    for (int i = 0; i < NWB; i++)
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += 32)
+        for (int i = 0; i < NWB; i++) {
+            _mm_prefetch((const char *)w + i * rb + 2 * c + PF_BYTES, _MM_HINT_T0);
+            const __m512i wv = _mm512_loadu_si512((const void *)(w + i * rb + 2 * c));
+            for (int m = 0; m < mr; m++)
+                if (native)
+                    STEP512_BF16(acc[i][m], wv, x + m * xs + 2 * c);
+                else
+                    STEP512(acc[i][m], wv, x + m * xs + 4 * c);
+        }
+    for (int i = 0; i < NWB; i++)
+        for (int m = 0; m < mr; m++)
+            out[i][m] = hsum16b(acc[i][m]);
+#else
+    (void)native;
+    __m256 a[2][NWB][2];
+    for (int s = 0; s < 2; s++) { /* lanes 0-7, then 8-15 */
+        for (int i = 0; i < NWB; i++)
+            a[s][i][0] = a[s][i][1] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < K; c += 32)
+            for (int i = 0; i < NWB; i++) {
+                if (s == 0)
+                    _mm_prefetch((const char *)w + i * rb + 2 * c + PF_BYTES, _MM_HINT_T0);
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i * rb + 2 * c + 32 * s));
+                const __m256 wo = wodd8(wv), we = weven8(wv);
+                for (int m = 0; m < mr; m++) {
+                    const float *xp = (const float *)(x + m * xs) + c + 16 * s;
+                    a[s][i][m] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xp + 8),
+                                                 _mm256_fmadd_ps(wo, _mm256_loadu_ps(xp), a[s][i][m]));
+                }
+            }
+    }
+    for (int i = 0; i < NWB; i++)
+        for (int m = 0; m < mr; m++)
+            out[i][m] = hsum8(_mm256_add_ps(a[0][i][m], a[1][i][m]));
+#endif
+}
+
 /* register tiles of NRB weight rows x MRB activation rows over the values [c0, c1), each
  * output's 16 lanes taking row_dotb's steps; the lanes live in st (NRB x MRB x 16 floats: lanes
  * 0-7 then 8-15) between calls, stored and loaded exactly, so a product may be cut into blocks
@@ -253,7 +308,18 @@ static void rows_b(const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const u
     const int64_t xs = xrow_bytes(K, M);
     for (int64_t mp = m0; mp < m1; mp += MR) {
         const int mr = m1 - mp < MR ? (int)(m1 - mp) : MR;
-        for (int64_t n = n0; n < n1; n++) {
+        int64_t n = n0;
+        for (; mr <= 2 && n + NWB <= n1; n += NWB) { /* decode: NWB weight rows at a time */
+            float o[NWB][2];
+            if (native_rows(M))
+                rows_dotb(W + n * rb, rb, x + mp * xs, xs, K, mr, o, 1);
+            else
+                rows_dotb(W + n * rb, rb, x + mp * xs, xs, K, mr, o, 0);
+            for (int i = 0; i < NWB; i++)
+                for (int m = 0; m < mr; m++)
+                    y[(mp + m) * N + n + i] = o[i][m] + (bias ? bias[n + i] : 0.f);
+        }
+        for (; n < n1; n++) {
             float out[MR];
             if (native_rows(M))
                 row_dotb(W + n * rb, x + mp * xs, xs, K, mr, out, 1);
