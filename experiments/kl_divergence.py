@@ -4,8 +4,9 @@ llama.cpp's `llama-perplexity --kl-divergence` measures its own, on the same tex
 Tandem's variants: int16, int8 and mixed activations with a float32 KV cache, and mixed with
 the f16 cache (the defaults: llama-perplexity's cache is f16 too).
 The reference is the same GGUF weights dequantized, with float32 activations and cache (Tandem: `--weights
-dense --dtype float32`, PyTorch float32 GEMMs; llama.cpp: an F32 GGUF written from the same
-dequantized tensors). The text is real and written by nobody here: the head of a Python standard
+dense --dtype float32`, PyTorch float32 GEMMs and cache; llama.cpp: an F32 GGUF written from the
+same dequantized tensors, run with llama-perplexity's default f16 KV cache, so its figure does
+not count the cache's rounding while Tandem's f16-cache variant does: ~3e-6, F16's whole KL). The text is real and written by nobody here: the head of a Python standard
 library module and of a licence text shipped with the system, joined into one file that both
 tokenize whole. As llama-perplexity does, the tokens are cut into chunks of --ctx (no BOS for
 Qwen), each chunk is one pass, and the positions of its second half are scored (n_ctx/2 ..
