@@ -3,7 +3,7 @@ llama.cpp's `llama-perplexity --kl-divergence` measures its own, on the same tex
 
 Tandem's variants: int16, int8 and mixed activations with a float32 KV cache, and mixed with
 the f16 cache (the defaults: llama-perplexity's cache is f16 too).
-The reference is the same GGUF weights dequantized, with float32 activations and cache (Tandem: `--weights
+The reference is the same GGUF weights dequantized, with float32 activations (Tandem: `--weights
 dense --dtype float32`, PyTorch float32 GEMMs and cache; llama.cpp: an F32 GGUF written from the
 same dequantized tensors, run with llama-perplexity's default f16 KV cache, so its figure does
 not count the cache's rounding while Tandem's f16-cache variant does: ~3e-6, F16's whole KL). The text is real and written by nobody here: the head of a Python standard
