@@ -166,6 +166,11 @@ def test_a_stream_passes_through_chunk_by_chunk(router):
                    if e["choices"])
     assert len(events) > 2 and text == _chat(router, "alpha")["choices"][0]["message"][
         "content"]
+    # the router asks a child's /health when the child logs that it is ready (not every 50
+    # ms: polling took CPU from the load); a changed line would slow every load by ~1 s
+    from tandem.server.router.children import READY_LINE
+
+    assert f"[alpha] {READY_LINE}" in router.log()
 
 
 def test_models_max_unloads_the_least_recently_used(router):
