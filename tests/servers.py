@@ -67,6 +67,13 @@ class Server:
         self._log.close()
 
 
+def model_rows(s: Server) -> dict[str, dict]:
+    """A router's GET /models, by model id."""
+    r = httpx.get(f"{s.url}/models", timeout=30)
+    assert r.status_code == 200, r.text
+    return {m["id"]: m for m in r.json()["data"]}
+
+
 def same_weights_pair(d: Path) -> tuple[Path, Path]:
     """A tiny qwen2 target and a draft with its weights (greedy drafts are always accepted)."""
     model = tiny.hf_model("qwen2", seed=0)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from . import tiny
-from .servers import GREEDY, SERVE, Server
+from .servers import GREEDY, SERVE, Server, model_rows
 
 CHAT = [{"role": "user", "content": "Count: one two three"}]
 
@@ -71,14 +71,8 @@ def router(models):
         s.stop()
 
 
-def _listing(s: Server) -> dict[str, dict]:
-    r = httpx.get(f"{s.url}/models", timeout=30)
-    assert r.status_code == 200, r.text
-    return {m["id"]: m for m in r.json()["data"]}
-
-
 def _status(s: Server, name: str) -> str:
-    return _listing(s)[name]["status"]["value"]
+    return model_rows(s)[name]["status"]["value"]
 
 
 def _wait(s: Server, name: str, want: str, timeout: float = 60) -> None:
@@ -87,7 +81,7 @@ def _wait(s: Server, name: str, want: str, timeout: float = 60) -> None:
         if _status(s, name) == want:
             return
         time.sleep(0.05)
-    raise AssertionError(f"{name} never became {want}: {_listing(s)[name]}\n{s.log()[-3000:]}")
+    raise AssertionError(f"{name} never became {want}: {model_rows(s)[name]}\n{s.log()[-3000:]}")
 
 
 def _post(s: Server, path: str, body: dict, timeout: float = 60) -> httpx.Response:
@@ -101,7 +95,7 @@ def _load(s: Server, name: str, **extra) -> None:
 
 
 def _unload_all(s: Server) -> None:
-    for name, m in _listing(s).items():
+    for name, m in model_rows(s).items():
         if m["status"]["value"] != "unloaded":
             _post(s, "/models/unload", {"model": name})
             _wait(s, name, "unloaded")
@@ -116,7 +110,7 @@ def _chat(s: Server, model: str, **extra) -> dict:
 
 def test_lists_every_model_of_the_folder_and_the_preset(router, models):
     _, root, _ = models
-    listing = _listing(router)
+    listing = model_rows(router)
     # the cache's org/tiny-GGUF:Q8_0 is hidden by [hub]'s dedup-cache-models
     assert sorted(listing) == ["alpha", "alpha-draft", "beta", "broken", "custom", "hub",
                                "huge", "split"]
@@ -179,7 +173,7 @@ def test_models_max_unloads_the_least_recently_used(router):
     _load(router, "beta")
     _chat(router, "alpha")  # beta is now the least recently used
     _load(router, "custom")
-    listing = _listing(router)
+    listing = model_rows(router)
     assert {n: m["status"]["value"] for n, m in listing.items()
             if m["status"]["value"] != "unloaded"} == {"alpha": "loaded", "custom": "loaded"}
     # custom's preset section: temp 0, the shared ctx-size from [*]
@@ -221,7 +215,7 @@ def test_a_draft_picked_at_load_gives_the_targets_own_greedy_output(router):
     _unload_all(router)
     alone = _chat(router, "alpha", max_tokens=24)
     _load(router, "alpha", draft="alpha-draft")
-    item = _listing(router)["alpha"]
+    item = model_rows(router)["alpha"]
     assert item["draft"] == "alpha-draft" and "--model-draft" in item["status"]["args"]
     props = httpx.get(f"{router.url}/props", params={"model": "alpha"}, timeout=10).json()
     assert props["speculative"]["enabled"] and props["draft_model_path"].endswith(
@@ -230,7 +224,7 @@ def test_a_draft_picked_at_load_gives_the_targets_own_greedy_output(router):
     assert paired["choices"] == alone["choices"]
     assert paired["timings"]["draft_n"] > 0  # the draft did propose
     _load(router, "alpha", draft=None)  # loaded again without one
-    assert _listing(router)["alpha"]["draft"] is None
+    assert model_rows(router)["alpha"]["draft"] is None
     r = _post(router, "/models/load", {"model": "alpha", "draft": "nope"})
     assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
 

@@ -19,7 +19,7 @@ import pytest
 
 from . import tiny
 from .hubstub import StandInHub
-from .servers import GREEDY, Server
+from .servers import GREEDY, Server, model_rows
 
 
 DOWNLOAD = "org/model-router-download:F16"
@@ -136,20 +136,14 @@ def router(hub, tmp_path_factory):
         s.stop()
 
 
-def _listing(s: Server) -> dict[str, dict]:
-    r = httpx.get(f"{s.url}/models", timeout=30)
-    assert r.status_code == 200, r.text
-    return {m["id"]: m for m in r.json()["data"]}
-
-
 def _wait(s: Server, name: str, want: str, timeout: float = 240) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = _listing(s).get(name)
+        row = model_rows(s).get(name)
         if row is not None and row["status"]["value"] == want:
             return row
         time.sleep(0.05)
-    raise AssertionError(f"{name} never became {want}: {_listing(s).get(name)}\n"
+    raise AssertionError(f"{name} never became {want}: {model_rows(s).get(name)}\n"
                          f"{s.log()[-3000:]}")
 
 
@@ -184,7 +178,7 @@ class Events:
 
 def test_the_remote_preset_lists_its_models_and_one_downloads_as_it_loads(router, hub):
     s, cache = router
-    listing = _listing(s)
+    listing = model_rows(s)
     assert {"tiny-preset", "split-test"} <= set(listing)
     row = listing["tiny-preset"]
     assert row["source"] == "preset" and row["path"] is None and row["status"]["value"] == \
@@ -197,7 +191,7 @@ def test_the_remote_preset_lists_its_models_and_one_downloads_as_it_loads(router
     r = httpx.post(f"{s.url}/completion", json={"model": "tiny-preset", "prompt": "one two",
                                                 "n_predict": 4, **GREEDY}, timeout=60)
     assert r.status_code == 200 and "content" in r.json(), r.text
-    assert "org/tiny-GGUF:Q8_0" in _listing(s)  # the cache's model too, as llama-server
+    assert "org/tiny-GGUF:Q8_0" in model_rows(s)  # the cache's model too, as llama-server
 
 
 def test_post_models_downloads_in_the_background_then_lists_loads_and_deletes(router, hub):
@@ -211,7 +205,7 @@ def test_post_models_downloads_in_the_background_then_lists_loads_and_deletes(ro
     [(url, p)] = progress[-1]["data"]["progress"].items()
     assert url.endswith("/resolve/" + hub[0].commit("org/model-router-download")
                         + "/model-router-download-F16.gguf") and p["done"] == p["total"] > 0
-    row = _listing(s)[DOWNLOAD]
+    row = model_rows(s)[DOWNLOAD]
     assert row["source"] == "cache" and row["can_remove"] is True
     r = httpx.post(f"{s.url}/v1/completions", json={"model": DOWNLOAD, "prompt": "one two",
                                                     "max_tokens": 4, **GREEDY}, timeout=60)
@@ -222,7 +216,7 @@ def test_post_models_downloads_in_the_background_then_lists_loads_and_deletes(ro
     # DELETE: a loaded model is stopped, its files removed, it leaves the list
     r = httpx.delete(f"{s.url}/models", params={"model": DOWNLOAD}, timeout=60)
     assert r.status_code == 200 and r.json() == {"success": True}, r.text
-    assert DOWNLOAD not in _listing(s)
+    assert DOWNLOAD not in model_rows(s)
     events.wait("model_remove", DOWNLOAD)
     repo = cache / "models--org--model-router-download"
     assert not [p for p in repo.rglob("*.gguf")] and not any((repo / "blobs").iterdir())
@@ -261,7 +255,7 @@ def test_a_failed_download_says_why_and_leaves_nothing_listed(router, hub):
     assert r.status_code == 200, r.text
     failed = events.wait("download_failed", name)
     assert "500" in failed["data"]["error"] or "broke" in failed["data"]["error"]
-    row = _listing(s)[name]
+    row = model_rows(s)[name]
     assert row["status"]["value"] == "failed" and row["status"]["error"] == \
         failed["data"]["error"]
     r = httpx.get(f"{s.url}/models", params={"reload": "1"}, timeout=30)
@@ -269,7 +263,7 @@ def test_a_failed_download_says_why_and_leaves_nothing_listed(router, hub):
     assert ids[name]["source"] == "cache" and ids[name]["status"]["value"] == "failed"
     assert [p for p in (cache / "models--org--broken-GGUF").rglob("*.gguf")] == []
     r = httpx.delete(f"{s.url}/models", params={"model": name}, timeout=30)
-    assert r.status_code == 200 and name not in _listing(s)
+    assert r.status_code == 200 and name not in model_rows(s)
     events.stop.set()
 
 
@@ -280,7 +274,7 @@ def test_delete_cancels_a_running_download_and_removes_its_part(router, hub):
     r = httpx.post(f"{s.url}/models", json={"model": name}, timeout=30)
     assert r.status_code == 200, r.text
     events.wait("download_progress", name)
-    assert _listing(s)[name]["status"]["value"] == "downloading"
+    assert model_rows(s)[name]["status"]["value"] == "downloading"
     r = httpx.post(f"{s.url}/models", json={"model": name}, timeout=30)
     assert r.status_code == 400 and "already being downloaded" in r.text
     r = httpx.delete(f"{s.url}/models", params={"model": name}, timeout=60)
@@ -288,7 +282,7 @@ def test_delete_cancels_a_running_download_and_removes_its_part(router, hub):
     events.wait("model_remove", name)
     assert not any(e["event"] == "download_finished" and e["model"] == name
                    for e in events.got)
-    listing = _listing(s)
+    listing = model_rows(s)
     assert name not in listing and "org/slow-GGUF:Q4_K_M" not in listing
     repo = cache / "models--org--slow-GGUF"
     assert [p for p in repo.rglob("*") if p.is_file() and ".lock" not in p.name] == []
@@ -337,7 +331,7 @@ def test_post_models_downloads_even_with_offline_as_llama_server(hub, tmp_path):
         r = httpx.post(f"{s.url}/models", json={"model": "org/tiny-GGUF:F16"}, timeout=30)
         assert r.status_code == 200, r.text
         events.wait("download_finished", "org/tiny-GGUF:F16")
-        assert _listing(s)["org/tiny-GGUF:F16"]["source"] == "cache"
+        assert model_rows(s)["org/tiny-GGUF:F16"]["source"] == "cache"
         events.stop.set()
     finally:
         s.stop()
