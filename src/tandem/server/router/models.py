@@ -67,6 +67,10 @@ class Waiting:
     loading: bool = False
 
 
+class _Superseded(Exception):
+    """Another load of the same model won the race while this one read its plan."""
+
+
 class Models:
     """Every catalog entry's Instance, the queue, the SSE subscribers."""
 
@@ -138,22 +142,29 @@ class Models:
         draft_path = self._draft_path(inst.entry, draft)
         port = free_port()
         argv = child_argv(inst.entry, self.common, port, draft_path)
-        planned = await self._check_memory(inst.entry, draft_path)
-        if inst.status != "unloaded":  # another request loaded it meanwhile
-            return
-        self._check_capacity(name)  # (another load may have taken the last slot meanwhile)
         child = Child(name, argv, port)
+        # started while its plan is read (~0.1 s, against the child's ~1.2 s of Python imports
+        # before it reads any weight), and stopped if the plan refuses it
+        try:
+            await child.start()
+        except OSError as e:
+            raise ApiError(500, f"model {name}: its server could not start: {e}") from None
+        try:
+            planned = await self._check_memory(inst.entry, draft_path)
+            if inst.status != "unloaded":  # another request loaded it meanwhile
+                raise _Superseded
+            self._check_capacity(name)  # (another load may have taken the last slot meanwhile)
+        except BaseException as e:
+            child.kill()
+            asyncio.create_task(child.wait())
+            if isinstance(e, _Superseded):
+                return
+            raise
         inst.child, inst.draft, inst.planned = child, self.draft_name(draft_path), planned
         inst.failed, inst.exit_code, inst.error, inst.info = False, None, "", {}
         inst.last_used = time.monotonic()
         log.info("loading %s on port %d: %s", name, port, " ".join(argv[4:]))
-        self._set(inst, "loading")  # before the await: no second load of it starts
-        try:
-            await child.start()
-        except OSError as e:
-            inst.child, inst.planned, inst.failed, inst.error = None, 0, True, str(e)
-            self._set(inst, "unloaded")
-            raise ApiError(500, f"model {name}: its server could not start: {e}") from None
+        self._set(inst, "loading")  # no second load of it starts
         if inst.stopping:  # unloaded while it was starting
             child.kill()
         asyncio.create_task(self._watch(inst, child))
