@@ -20,7 +20,8 @@
 
 The catalog is at `app.state.catalog` (tandem.server.router.catalog.Catalog), the models at
 `app.state.models`, the downloads at `app.state.downloads`. A preset model whose hf-repo is
-not in the cache yet is downloaded first when it loads. Errors are llama-server's {"error": {"code", "message", "type"}}.
+not in the cache yet is downloaded first when it loads. Errors are llama-server's
+{"error": {"code", "message", "type"}}.
 """
 
 from __future__ import annotations

@@ -182,8 +182,7 @@ def read_preset(path: Path, entries: dict[str, Entry], parser: argparse.Argument
 
     ini = _parse_ini(path)
     glob = ini.pop(GLOBAL, {})
-    glob_flags, _ = _section_flags(path, GLOBAL, glob, parser)
-    glob_own = _section_flags(path, GLOBAL, glob, parser)[1]
+    glob_flags, glob_own = _section_flags(path, GLOBAL, glob, parser)
     for name, keys in ini.items():
         words, own = _section_flags(path, name, keys, parser)
         fetch.clear()

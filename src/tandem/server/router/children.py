@@ -160,6 +160,12 @@ class Child:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
 
+    def discard(self) -> None:
+        """Killed, and reaped in the background (a child the router will not use)."""
+        self.kill()
+        if self.proc is not None:
+            asyncio.create_task(self.wait())
+
     def last_error(self) -> str:
         """The child's last error line (its log's last line that says error), or its last."""
         lines = [l for l in self.tail if l.strip()]

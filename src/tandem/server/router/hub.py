@@ -87,8 +87,8 @@ class Plan:
 def plan(name: str) -> Plan:
     """What downloading `name` fetches (one request to the hub: the repo's file list)."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (GatedRepoError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     repo, tag = split_name(name)
     try:
@@ -99,10 +99,7 @@ def plan(name: str) -> Plan:
     except (RepositoryNotFoundError, RevisionNotFoundError):
         raise HubError(f"model '{name}': no repository {repo} at {endpoint()} (or it is "
                        "private: set HF_TOKEN)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise HubError(f"model '{name}': the hub at {endpoint()} did not answer: "
-                       f"{first_line(e)}", 502) from None
-    except Exception as e:  # huggingface_hub's HTTP client's own errors (httpx)
+    except Exception as e:  # HfHubHTTPError, OSError, its HTTP client's own (httpx)
         raise HubError(f"model '{name}': the hub at {endpoint()} did not answer: "
                        f"{type(e).__name__}: {first_line(e)}", 502) from None
     names = [s.rfilename for s in (info.siblings or [])]

@@ -67,10 +67,6 @@ class Waiting:
     loading: bool = False
 
 
-class _Superseded(Exception):
-    """Another load of the same model won the race while this one read its plan."""
-
-
 class Models:
     """Every catalog entry's Instance, the queue, the SSE subscribers."""
 
@@ -151,15 +147,14 @@ class Models:
             raise ApiError(500, f"model {name}: its server could not start: {e}") from None
         try:
             planned = await self._check_memory(inst.entry, draft_path)
-            if inst.status != "unloaded":  # another request loaded it meanwhile
-                raise _Superseded
-            self._check_capacity(name)  # (another load may have taken the last slot meanwhile)
-        except BaseException as e:
-            child.kill()
-            asyncio.create_task(child.wait())
-            if isinstance(e, _Superseded):
-                return
+            if inst.status == "unloaded":
+                self._check_capacity(name)  # (another load may have taken the last slot)
+        except BaseException:
+            child.discard()
             raise
+        if inst.status != "unloaded":  # another request loaded it meanwhile
+            child.discard()
+            return
         inst.child, inst.draft, inst.planned = child, self.draft_name(draft_path), planned
         inst.failed, inst.exit_code, inst.error, inst.info = False, None, "", {}
         inst.last_used = time.monotonic()
@@ -190,14 +185,14 @@ class Models:
 
     def plan(self, entry: Entry, draft_path: str | None):
         """The memory plan of `entry`'s child with that draft, read once while its files are
-        unchanged (reading a model's vocabulary takes a second), with what is available now."""
+        unchanged (check.inspect_spec: ~0.1 s a model), with what is available now."""
         import dataclasses
 
         from ...memory import available_memory
 
         argv = child_argv(entry, self.common, 0, draft_path)[4:]
         files = [*entry.files, entry.path, *([draft_path] if draft_path else [])]
-        key = (tuple(argv), *((os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files))
+        key = (tuple(argv), *((st.st_size, st.st_mtime_ns) for st in map(os.stat, files)))
         if key not in self._plans:
             self._plans[key] = self.plan_of(argv)
         now, source = available_memory()
