@@ -6,13 +6,14 @@ the f16 cache (the defaults: llama-perplexity's cache is f16 too).
 The reference is the same GGUF weights dequantized, with float32 activations (Tandem: `--weights
 dense --dtype float32`, PyTorch float32 GEMMs and cache; llama.cpp: an F32 GGUF written from the
 same dequantized tensors, run with llama-perplexity's default f16 KV cache, so its figure does
-not count the cache's rounding while Tandem's f16-cache variant does: ~3e-6, F16's whole KL). The text is real and written by nobody here: the head of a Python standard
-library module and of a licence text shipped with the system, joined into one file that both
-tokenize whole. As llama-perplexity does, the tokens are cut into chunks of --ctx (no BOS for
-Qwen), each chunk is one pass, and the positions of its second half are scored (n_ctx/2 ..
-n_ctx - 2 predict the next token): the reference's log-probabilities are stored as llama.cpp
-stores them (uint16 over the top 16 nats, probabilities below e^-16 left out of the KL sum), so
-the statistics are computed by the same arithmetic for every engine.
+not count the cache's rounding while Tandem's f16-cache variant does: ~3e-6, F16's whole KL).
+The text is real and written by nobody here: the head of a Python standard library module and of
+a licence text shipped with the system, joined into one file that both tokenize whole. As
+llama-perplexity does, the tokens are cut into chunks of --ctx (no BOS for Qwen), each chunk is
+one pass, and the positions of its second half are scored (n_ctx/2 .. n_ctx - 2 predict the next
+token): the reference's log-probabilities are stored as llama.cpp stores them (uint16 over the
+top 16 nats, probabilities below e^-16 left out of the KL sum), so the statistics are computed
+by the same arithmetic for every engine.
 
     python experiments/kl_divergence.py --threads 2 --chunks 8 \\
         --llama-perplexity /path/to/llama.cpp/build/bin/llama-perplexity \\

@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import command_line, cpu_line, free_port, post, spread, wait_healthy
+from common import command_line, cpu_line, free_port, post, serving, spread
 
 PROMPT = "def quicksort(xs):"
 # seconds of an idle machine before each timed start, the same for both: after an idle spell
@@ -70,20 +70,15 @@ def single(a, body: dict, log) -> tuple[float, float, str]:
         _stop(proc)
 
 
-def router(a, body: dict, models_dir: Path, log) -> tuple[float, str]:
+def router(a, body: dict, models_dir: Path) -> tuple[float, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "serve", "--models-dir",
-                             str(models_dir), "--threads", str(a.threads), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc)
+    cmd = [sys.executable, "-m", "tandem.cli", "serve", "--models-dir", str(models_dir),
+           "--threads", str(a.threads), "--port", str(port)]
+    with serving(cmd, port, Path(a.log)) as url:
         time.sleep(IDLE)  # idle, as a router is when a request arrives
         t0 = time.perf_counter()
         out = post(f"{url}/completion", dict(body, model=Path(a.model).stem))
         return time.perf_counter() - t0, out["content"]
-    finally:
-        _stop(proc)
 
 
 def main() -> None:
@@ -108,7 +103,7 @@ def main() -> None:
                 if which == "single":
                     load, gen, text_s = single(a, body, log)
                 else:
-                    cold, text_r = router(a, body, Path(tmp), log)
+                    cold, text_r = router(a, body, Path(tmp))
             rows.append((load, gen, cold, text_s == text_r))
             print(f"round {r}: single load {load:.2f} s + answer {gen:.2f} s = {load + gen:.2f} s;"
                   f" router {cold:.2f} s ({cold / (load + gen):.2f}x); same text: {rows[-1][3]}",
