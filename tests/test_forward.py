@@ -130,30 +130,54 @@ def test_mixed_rounds_the_down_projection_in_int16_only(qmodel_path):
     assert torch.equal(got, _logits(m8, PROMPT, len(PROMPT), native=True))
 
 
-def test_down64_rounds_the_down_projection_per_64_values(qmodel_path):
-    """--activations int8-down64: int8 everywhere, the down projection's input with a scale
-    per 64 values where its weights are Q4_K / Q6_K (16-row groups); the C layers pass that to
-    the kernel (logits neither int8's nor mixed's, equal to the PyTorch layers' products). A
-    Q8_0 down projection's own blocks are 32 values: it stays int8, the same bits as int8."""
+def test_down64_rounds_the_down_projection_finer_than_its_blocks(qmodel_path):
+    """--activations int8-down64: int8 everywhere, the down projection's input rounded finer
+    than its weights' own block: a scale per 64 values where they are Q4_K / Q6_K (16-row
+    groups); the C layers pass that to the kernel (logits neither int8's nor mixed's, equal to
+    the PyTorch layers' products). A Q8_0 down projection has no grouped kernel: int16, the
+    same bits as mixed."""
     m8, mix = _load(qmodel_path, "int8"), _load(qmodel_path, "mixed")
     fine = _load(qmodel_path, "int8-down64")
     q4k = "q4k" in str(qmodel_path.parent.name)
-    want_down = (8, 64) if q4k else (8, 0)
+    want_down = (8, 64) if q4k else (16, 0)
     assert {blk.w_down.rounding() for blk in fine.model.layers} == {want_down}
     assert {blk.wq.rounding() for blk in fine.model.layers} == {(8, 0)}
     tm = fine.model
     layers = kernels.NativeLayers(fine.args, list(tm.layers), tm.cos, tm.sin, kernels.PROMPT_ROWS)
     assert (layers._layers[0].down.bits, layers._layers[0].down.ablock) == want_down
     got = _logits(fine, PROMPT, len(PROMPT), native=True)
-    int8 = _logits(m8, PROMPT, len(PROMPT), native=True)
     if not q4k:
-        assert torch.equal(got, int8)
+        assert torch.equal(got, _logits(mix, PROMPT, len(PROMPT), native=True))
         return
     assert layers._layers[0].down.type in (112, 114)
-    assert not torch.equal(got, int8)
+    assert not torch.equal(got, _logits(m8, PROMPT, len(PROMPT), native=True))
     assert not torch.equal(got, _logits(mix, PROMPT, len(PROMPT), native=True))
     want = _logits(fine, PROMPT, len(PROMPT), native=False)
     assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0])
+def test_down64_rounds_q4_0_down_projections_per_16_values(tmp_path, qtype):
+    """Q4_0 / Q5_0 weights (blocks of 32, in 16-row groups): under int8-down64 the down
+    projection's input takes a scale per 16 values (llama.cpp's Q8_0 has one per 32), the
+    other products int8 per 32. The C layers run the per-16 kernel: logits neither int8's nor
+    mixed's, equal to the PyTorch layers' products (the same kernel per product), and the same
+    bits prompt-chunked or whole."""
+    path = tiny.write_gguf(tiny.hf_model("qwen2", seed=5), tmp_path / "m.gguf", "qwen2",
+                           qtype=qtype)
+    fine, m8, mix = (_load(path, a) for a in ("int8-down64", "int8", "mixed"))
+    assert {blk.w_down.rounding() for blk in fine.model.layers} == {(8, 16)}
+    assert {blk.w_up.rounding() for blk in fine.model.layers} == {(8, 0)}
+    tm = fine.model
+    layers = kernels.NativeLayers(fine.args, list(tm.layers), tm.cos, tm.sin, kernels.PROMPT_ROWS)
+    down = layers._layers[0].down
+    assert (down.type, down.bits, down.ablock) == ({QT.Q4_0: 102, QT.Q5_0: 106}[qtype], 8, 16)
+    got = _logits(fine, PROMPT, len(PROMPT), native=True)
+    assert not torch.equal(got, _logits(m8, PROMPT, len(PROMPT), native=True))
+    assert not torch.equal(got, _logits(mix, PROMPT, len(PROMPT), native=True))
+    want = _logits(fine, PROMPT, len(PROMPT), native=False)
+    assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+    assert torch.equal(_logits(fine, PROMPT, 3, native=True), got)
 
 
 @pytest.mark.parametrize("kv", KV)

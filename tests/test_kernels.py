@@ -308,8 +308,9 @@ def test_kernel_build_is_chosen_by_the_config():
 # ---- Q4_K, Q6_K, Q4_0 and Q5_0 in 16-row groups (rowdotx.c) ------------------------------
 
 REPACKED = [QT.Q4_K, QT.Q6_K, QT.Q4_0, QT.Q5_0]
-# (qtype, ablock): the K-quants' groups also take activation blocks finer than their 256
-REPACKED_ABLOCKS = [(q, a) for q in REPACKED for a in ((0, 32, 64, 128) if q in K_QUANTS else (0,))]
+# (qtype, ablock): the groups also take activation blocks finer than their weights' block:
+# the K-quants' 32, 64 or 128 of 256, Q4_0's and Q5_0's 16 of 32
+REPACKED_ABLOCKS = [(q, a) for q in REPACKED for a in ((0, 32, 64, 128) if q in K_QUANTS else (0, 16))]
 
 
 def _rounded8(x: torch.Tensor, block: int = 256) -> torch.Tensor:
@@ -329,7 +330,8 @@ def test_repacked_is_the_product_of_rounded_activations(qtype, m, ablock):
     first use (kernels.repack): each row's block sums complete in one lane, one float step for
     16 rows and activation block. The result is still the product of the rounded activations
     (per 256 values for the K-quants, 32 for the others, or per `ablock`: a scale of their own
-    for every 32, 64 or 128, finer steps where a block holds an outlier) with the exact
+    for every 32, 64 or 128, or 16 of Q4_0's / Q5_0's 32, finer steps where a block holds an
+    outlier) with the exact
     weights, up to float32 summation, with a bias; decode and verification rows (<= 10) and
     prompt rows alike. K = 2336 for the 32-weight types: an odd number of blocks."""
     n, k = 80, 2304 if qtype in K_QUANTS else 2336
@@ -344,9 +346,9 @@ def test_repacked_is_the_product_of_rounded_activations(qtype, m, ablock):
     want = rounded @ w.T + bias.double()
     got = kernels.matmul(kind, packed, n, k, x, bias, bits=8, ablock=ablock, threads=2).double()
     assert (got - want).abs().max() <= 1e-5 * (rounded.abs() @ w.abs().T).max()
-    if ablock:  # an outlier in every 256 values: finer blocks are closer to the exact product
+    if ablock:  # an outlier in every 256 (32) values: finer blocks are closer to the exact product
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-        x[:, 9::256] *= 30
+        x[:, 9::256 if qtype in K_QUANTS else 32] *= 30
         exact = x.double() @ w.T + bias.double()
         fine, coarse = (kernels.matmul(kind, packed, n, k, x, bias, bits=8, ablock=b,
                                        threads=2).double() for b in (ablock, 0))
@@ -401,7 +403,7 @@ def test_any_rows_repacked_give_those_rows_bits(qtype):
 def test_repack_takes_what_its_kernels_compute():
     """Only int8 products of the grouped types are repacked (a partial group padded with
     zero rows); the kernels refuse int16 activations for the repacked types (they exist for
-    int8 only), naming the call, and finer activation blocks than 32 for Q4_0 / Q5_0's."""
+    int8 only), naming the call, and activation blocks other than 16 for Q4_0 / Q5_0's."""
     raw = _tensor(QT.Q4_K, 48, 512)
     assert kernels.repack("Q4_K", raw.data, 48, 512, 16) is None
     assert kernels.repack("Q5_0", _tensor(QT.Q5_0, 48, 512).data, 48, 512, 16) is None
@@ -417,10 +419,12 @@ def test_repack_takes_what_its_kernels_compute():
     with pytest.raises(TandemError, match="Q4_Kx16, N=48, K=512"):
         kernels.matmul(kind, packed, 48, 512, torch.randn(2, 512), bits=16)
     # finer activation blocks: int8 products of the grouped types only, 32, 64 or 128 values
+    # (16 for Q4_0's and Q5_0's 32)
     x = torch.randn(2, 512)
     for bad in (dict(type_name="Q4_K", blocks=raw.data, ablock=64, bits=8),
                 dict(type_name=kind, blocks=packed, ablock=64, bits=16),
-                dict(type_name=kind, blocks=packed, ablock=96, bits=8)):
+                dict(type_name=kind, blocks=packed, ablock=96, bits=8),
+                dict(type_name=kind, blocks=packed, ablock=16, bits=8)):
         with pytest.raises(TandemError, match="activation blocks of"):
             kernels.matmul(bad["type_name"], bad["blocks"], 48, 512, x, bits=bad["bits"],
                            ablock=bad["ablock"])
@@ -428,13 +432,15 @@ def test_repack_takes_what_its_kernels_compute():
 
 def test_fine_activation_blocks_where_the_kernels_have_them():
     """A linear asked for int8 blocks of 64 (the down projection under --activations
-    int8-down64) gets them where its weights are repacked (Q4_K, Q5_K, Q6_K); a type whose own
-    block is no larger (Q8_0, and Q5_0 in its groups: 32) keeps int8 at its block (one with
-    larger blocks and no grouped kernel, IQ2_XXS: int16, tests/test_kernels_xk.py)."""
+    int8-down64) is rounded finer than its weights' own block: blocks of 64 where its weights
+    are K-quants in groups (Q4_K, Q5_K, Q6_K), of 16 where they are Q4_0 / Q5_0 in groups
+    (their blocks are 32: llama.cpp's Q8_0 scale), int16 where no grouped kernel reads them
+    (Q8_0, Q4_1; IQ2_XXS: tests/test_kernels_xk.py)."""
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
     x[:, 5] *= 40
-    for qtype, want in ((QT.Q4_K, (8, 64)), (QT.Q6_K, (8, 64)), (QT.Q8_0, (8, 0)),
-                        (QT.Q5_0, (8, 0)), (QT.Q5_K, (8, 64))):
+    for qtype, want in ((QT.Q4_K, (8, 64)), (QT.Q6_K, (8, 64)), (QT.Q8_0, (16, 0)),
+                        (QT.Q4_1, (16, 0)), (QT.Q5_0, (8, 16)), (QT.Q4_0, (8, 16)),
+                        (QT.Q5_K, (8, 64))):
         raw = _tensor(qtype, 32, 512, seed=1)
         lin = GGUFLinear(raw, bits=8, act_block=64)
         assert lin.rounding() == want, qtype

@@ -20,8 +20,10 @@ DTYPES = ("auto", "float32", "bfloat16")
 #   int16: max|x| / 16383 steps; int8: llama.cpp's Q8_K / Q8_0 rounding (max|x| / 127);
 #   mixed: int8, except int16 for the down projection's input, SiLU(gate) * up, whose outliers
 #   carry most of int8's KL divergence (bench/results/kl-divergence-mixed);
-#   int8-down64: int8, the down projection's input per 64 values (a scale per 64 instead of
-#   per 256: much of mixed's gain at int8's speed, bench/results/kl-divergence-down64)
+#   int8-down64: int8, the down projection's input finer than its weights' block: per 64
+#   values (K-quants: a scale per 64 instead of 256; much of mixed's gain at int8's speed,
+#   bench/results/kl-divergence-down64), per 16 (Q4_0, Q5_0), int16 (other types);
+#   GGUFLinear.rounding
 ACTIVATIONS = {"int16": (16, 16, 0), "int8": (8, 8, 0), "mixed": (8, 16, 0),
                "int8-down64": (8, 8, 64)}
 

@@ -477,8 +477,9 @@ class EngineConfig:
         help="native weights only: how the kernels round activations per block. int16: within "
              "1/32766 of the block's largest value, slower; int8: llama.cpp's Q8_K/Q8_0 "
              "rounding (1/254 of a block of 256); int8-down64: int8, the FFN down projection's "
-             "input (which carries most of int8's error) with a scale per 64 values: closer "
-             "to float32 than int8 at int8's speed (bench/results/kl-divergence-down64); mixed: "
+             "input (which carries most of int8's error) rounded finer than its weights' "
+             "block: a scale per 64 values (K-quants), per 16 (Q4_0, Q5_0), int16 (other "
+             "types); closer to float32 than int8 at int8's speed (docs/numerics.md); mixed: "
              "int8 except int16 for the down projection (closer still, slower; "
              "bench/results/kl-divergence-mixed)"))
     activations_draft: str = field(default="int8", metadata=flag(

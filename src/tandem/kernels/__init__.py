@@ -311,11 +311,11 @@ REPACK_FROM = {t.removesuffix("x16"): t for t in REPACKED_TYPES}
 _REPACK_FN = {"Q4_K": "tq_repack_q4kx", "Q5_K": "tq_repack_q5kx", "Q6_K": "tq_repack_q6kx",
               "Q2_K": "tq_repack_q2kx", "Q3_K": "tq_repack_q3kx",
               "IQ4_XS": "tq_repack_iq4xsx"}  # Q4_0, Q5_0: q50x
-# values per weight block of the repacked types (activation blocks finer than 256 only for
-# the K-quants': the 32-weight types' activations already have a scale per 32)
+# values per weight block of the repacked types
 REPACKED_BLOCK = {t: 32 if t.startswith(("Q4_0", "Q5_0")) else 256 for t in REPACKED_TYPES}
-# values per int8 activation block that the 16-row group types also take (tq_matmul_check)
-ACT_BLOCKS = (32, 64, 128)
+# values per int8 activation block that the 16-row group types also take, finer than their
+# weights' block (tq_matmul_check): the K-quants' 32, 64 or 128, the 32-weight types' 16
+ACT_BLOCKS = {256: (32, 64, 128), 32: (16,)}
 
 
 def repack(type_name: str, blocks: np.ndarray, n: int, k: int, bits: int) -> tuple[str, np.ndarray] | None:
@@ -364,7 +364,8 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     bits: how the kernel quantizes the activations per block, 16 (default; error <= 1/32766
     of the block's largest value) or 8 (llama.cpp's Q8_K/Q8_0: 1/254, faster). ablock: values
     per activation block, 0 (the weights' block: 256 for K-quants, else 32) or, for int8 and
-    the K-quants' 16-row group types (REPACKED_BLOCK 256), 32, 64 or 128 (finer steps). threads: the
+    the 16-row group types, ACT_BLOCKS (finer steps: 32, 64 or 128 for the K-quants', 16 for
+    Q4_0's and Q5_0's). threads: the
     OpenMP threads to run on. prompt_rows: see PROMPT_ROWS (1 << 62: the row-by-row kernel for
     every product). build: a VARIANTS name (default: this CPU's, `variant()`). The result does
     not depend on threads, prompt_rows, the build or the other rows.
@@ -374,12 +375,11 @@ def matmul(type_name: str, blocks: np.ndarray, n: int, k: int, x: torch.Tensor,
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.float().contiguous()
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    if ablock and (REPACKED_BLOCK.get(type_name) != 256 or bits != 8
-                   or ablock not in ACT_BLOCKS):
-        fine = [t for t, b in REPACKED_BLOCK.items() if b == 256]
-        raise TandemError(f"activation blocks of {ablock} values: only int8 products of "
-                          f"{', '.join(fine)} take {', '.join(map(str, ACT_BLOCKS))} "
-                          f"(got {type_name}, int{bits})")
+    if ablock and (bits != 8 or ablock not in ACT_BLOCKS.get(REPACKED_BLOCK.get(type_name), ())):
+        takes = "; ".join(f"{', '.join(t for t, b in REPACKED_BLOCK.items() if b == wb)} take "
+                          f"{', '.join(map(str, ab))}" for wb, ab in ACT_BLOCKS.items())
+        raise TandemError(f"activation blocks of {ablock} values: only int8 products of the "
+                          f"16-row group types take them ({takes}; got {type_name}, int{bits})")
     rc = lib.tq_matmul(type_id(type_name), blocks.ctypes.data, n, k, rows.data_ptr(),
                        rows.shape[0], y.data_ptr(), None if bias is None else bias.data_ptr(),
                        _threads(threads), bits, ablock, prompt_rows)

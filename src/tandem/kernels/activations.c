@@ -126,17 +126,27 @@ void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float
                    int16_t *bs, int pairs) {
     /* pairs: each 128 values stored as their 32-groups 0, 2, 1, 3: the AVX-512 Q4_K / Q5_K
      * kernel then reads the activations of two chunks' low nibbles (groups 0 and 2), and of
-     * their high nibbles (1 and 3), with one 512-bit load each */
+     * their high nibbles (1 and 3), with one 512-bit load each.
+     * qb = 16 (the Q4_0 / Q5_0 groups' down projection): a scale per 16 values, s[2g + h] for
+     * half h of 32-group g (the row then holds K / 16 scales); otherwise s[g], one per 32
+     * values, the same for all 32-groups of a block of qb */
     static const int slot[4] = {0, 2, 1, 3};
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t b0 = 0; b0 < K; b0 += qb) {
-        const float amax = block_amax(x + b0, qb);
-        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-        for (int64_t g = b0 / 32; g < (b0 + qb) / 32; g++) {
+    const int step = qb < 32 ? 32 : qb;
+    for (int64_t b0 = 0; b0 < K; b0 += step) {
+        const float amax = qb < 32 ? 0.f : block_amax(x + b0, qb);
+        for (int64_t g = b0 / 32; g < (b0 + step) / 32; g++) {
             const float *xg = x + 32 * g;
+            float am[2] = {amax, amax};
+            if (qb < 32) {
+                am[0] = block_amax(xg, 16);
+                am[1] = block_amax(xg + 16, 16);
+            }
+            const __m256 inv[2] = {_mm256_set1_ps(am[0] > 0.f ? 127.f / am[0] : 0.f),
+                                   _mm256_set1_ps(am[1] > 0.f ? 127.f / am[1] : 0.f)};
             __m256i i32[4];
             for (int i = 0; i < 4; i++)
-                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * i), inv));
+                i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * i), inv[i / 2]));
             for (int h = 0; h < 2; h++) { /* sums of the int8 values per 16 */
                 int32_t v[8], acc = 0;
                 _mm256_storeu_si256((__m256i *)v, _mm256_add_epi32(i32[2 * h], i32[2 * h + 1]));
@@ -148,14 +158,20 @@ void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float
                                            _mm256_packs_epi32(i32[2], i32[3]));
             const int64_t at = pairs ? g - g % 4 + slot[g % 4] : g;
             _mm256_storeu_si256((__m256i *)(q + 32 * at), _mm256_permutevar8x32_epi32(p, order));
-            s[g] = amax / 127.f;
             /* the sum of the rounded values, as llama.cpp's Q8 blocks carry it: the weights'
              * offsets (mins, Q4_0's -8 d, ...) then meet the same activations as the q do, and
              * their rounding errors cancel. With the float sum of x instead, a Q4_K product's
              * error was several times that of rounding x to Q8_K, and so was the target's
              * next-token KL divergence from float32 activations against llama.cpp's
              * (docs/numerics.md; bench/results/kl-divergence-mixed for today's) */
-            sum[g] = s[g] * (float)(bs[2 * g] + bs[2 * g + 1]);
+            if (qb < 32) {
+                s[2 * g] = am[0] / 127.f;
+                s[2 * g + 1] = am[1] / 127.f;
+                sum[g] = s[2 * g] * (float)bs[2 * g] + s[2 * g + 1] * (float)bs[2 * g + 1];
+            } else {
+                s[g] = amax / 127.f;
+                sum[g] = s[g] * (float)(bs[2 * g] + bs[2 * g + 1]);
+            }
         }
     }
 }

@@ -17,8 +17,8 @@ int64_t tq_block_bytes(int type) { return block_bytes(type); }
 
 int tq_scratch_alloc(tq_scratch *s, int64_t M, int64_t K, int vbytes) {
     s->xq = aligned_alloc(64, ((M * K * vbytes + 63) / 64) * 64); /* int16, int8 or float */
-    s->xs = malloc(sizeof(float) * M * (K / 32));
-    s->xsum = malloc(sizeof(float) * M * (K / 32));
+    s->xs = malloc(sizeof(float) * M * (K / 16)); /* ACT_GROUPS: up to K / 16 per row */
+    s->xsum = malloc(sizeof(float) * M * (K / 16));
     s->bs = malloc(sizeof(int16_t) * M * (K / 16));
     if (!s->xq || !s->xs || !s->xsum || !s->bs) {
         tq_scratch_free(s);
@@ -36,7 +36,8 @@ int tq_matmul_check(int type, int64_t K, int bits, int ablock) {
     return block_bytes(type) != 0 && K % block_weights(type) == 0 &&
            (bits == 8 || (bits == 16 && !type_x(type))) &&
            (ablock == 0 || (type_x(type) && block_weights(type) == 256 && bits == 8 &&
-                            (ablock == 32 || ablock == 64 || ablock == 128)));
+                            (ablock == 32 || ablock == 64 || ablock == 128)) ||
+            ((type == T_Q4_0X || type == T_Q5_0X) && bits == 8 && ablock == 16));
 }
 
 #define GCH 32 /* weight rows per chunk of the prompt kernel's dynamic split */
@@ -187,8 +188,9 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
         } else if (type_f(type)) { /* the float types read the activations as they are */
             memcpy((float *)s[j]->xq + m * K, in, sizeof(float) * K);
         } else if (type_x(type)) {
-            quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * G,
-                          s[j]->xsum + m * G, s[j]->bs + m * (K / 16), 0);
+            const int64_t Gx = ACT_GROUPS(K, qb);
+            quantize_row8(in, K, qb, (int8_t *)s[j]->xq + m * K, s[j]->xs + m * Gx,
+                          s[j]->xsum + m * Gx, s[j]->bs + m * (K / 16), 0);
         } else if (l[j]->bits == 16) { /* split 3: the AVX-512 row-by-row Q4_K/Q5_K kernel's order */
             quantize_row(in, K, qb,
                          type == T_Q4_K || type == T_Q5_K ? (TQ_AVX512 && mode[j] != GEMM ? 3 : 1) : 0,
@@ -224,9 +226,10 @@ void tq_matmul_team_n(int n, const tq_linear *const *l, float *const *y,
             const int64_t r0 = mode[j] == XPROMPT ? i * GCH : start[dfirst[j] + i];
             const int64_t r1 = mode[j] == XPROMPT ? (N < r0 + GCH ? N : r0 + GCH)
                                : c + 1 < first[j + 1] ? start[dfirst[j] + i + 1] : N;
-            const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K, K / 32};
-            x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias,
-                   L->ablock ? (int)L->ablock : (int)block_weights(type));
+            const int qb = L->ablock ? (int)L->ablock : (int)block_weights(type);
+            const acts8_t A = {(const int8_t *)s[j]->xq, s[j]->xs, s[j]->xsum, s[j]->bs, K,
+                               ACT_GROUPS(K, qb)};
+            x_rows(type, L->W, rb, r0, r1, &A, M, y[j], N, L->bias, qb);
         } else if (mode[j] == GEMM && type == T_BF16D) {
             const int64_t r0 = i * GCH, r1 = N < r0 + GCH ? N : r0 + GCH;
             bf16_range(L->W, rb, r0, r1, s[j]->xq, M, K, y[j], N, L->bias);

@@ -164,7 +164,10 @@ int tq_repack_q6kx(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst) {
  *
  * The arithmetic, per weight row r, activation row and block (the same in every build): T =
  * sum q x8 - 16 (8) sum x8, exact in int32; then y = fma(float(T), d * xs, y) per block in
- * order, xs the block's activation scale. The GGUF blocks' row-major kernels (rowdot8.c) take
+ * order, xs the block's activation scale. With a scale per 16 activations (ablock 16: the down
+ * projection's input), T_lo over the first 16 weights (the low nibbles) and T_hi over the
+ * last 16, each less 16 (8) times its half's sum: y = fma(float(T_lo), d * xs_lo, y), then
+ * y = fma(float(T_hi), d * xs_hi, y). The GGUF blocks' row-major kernels (rowdot8.c) take
  * their float steps per lane instead, so the two layouts differ in the last bits; each tensor
  * is read through one of them (kernels.repack) for every row count. */
 #define XB50(five) ((five) ? 352 : 288)
@@ -371,7 +374,8 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
  * times the activations' sum, and one float step for the 16 rows */
 static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *w, int64_t nb,
                                                                  const acts8_t *A, int mr,
-                                                                 float (*y)[16], const int five) {
+                                                                 float (*y)[16], const int five,
+                                                                 const int half) {
     __m512 acc[MR];
     for (int m = 0; m < mr; m++)
         acc[m] = _mm512_setzero_ps();
@@ -396,12 +400,25 @@ static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *
         }
         for (int m = 0; m < mr; m++) {
             const int8_t *x = A->q + m * A->K + 32 * b;
+            const int16_t *bs = A->bs + m * (A->K / 16) + 2 * b;
+            if (half) { /* a scale per 16 activations: the low nibbles' sum, then the high's */
+                __m512i tl = _mm512_setzero_si512(), th = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) {
+                    tl = _mm512_dpbusd_epi32(tl, lo[p], _mm512_set1_epi32(load32(x + 4 * p)));
+                    th = _mm512_dpbusd_epi32(th, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
+                }
+                const float *xs = A->s + m * A->G + 2 * b;
+                tl = _mm512_sub_epi32(tl, _mm512_set1_epi32(off * (int32_t)bs[0]));
+                th = _mm512_sub_epi32(th, _mm512_set1_epi32(off * (int32_t)bs[1]));
+                acc[m] = _mm512_fmadd_ps(cvt512_ps(tl), _mm512_mul_ps(d, _mm512_set1_ps(xs[0])), acc[m]);
+                acc[m] = _mm512_fmadd_ps(cvt512_ps(th), _mm512_mul_ps(d, _mm512_set1_ps(xs[1])), acc[m]);
+                continue;
+            }
             __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(load32(x)));
             for (int p = 1; p < 4; p++)
                 t = _mm512_dpbusd_epi32(t, lo[p], _mm512_set1_epi32(load32(x + 4 * p)));
             for (int p = 0; p < 4; p++)
                 t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(load32(x + 16 + 4 * p)));
-            const int16_t *bs = A->bs + m * (A->K / 16) + 2 * b;
             t = _mm512_sub_epi32(t, _mm512_set1_epi32(off * ((int32_t)bs[0] + bs[1])));
             const __m512 xs = _mm512_set1_ps(A->s[m * A->G + b]);
             acc[m] = _mm512_fmadd_ps(cvt512_ps(t), _mm512_mul_ps(d, xs), acc[m]);
@@ -441,16 +458,17 @@ static void group_rows6(const uint8_t *w, int64_t nsb, const acts8_t *A, int mr,
         group_rows6_p(w, nsb, A, mr, y, 1);
 }
 
+/* half: the activations' scale per 16 values (ablock 16), else per 32 */
 static void group_rows50(const uint8_t *w, int64_t nb, const acts8_t *A, int mr, float (*y)[16],
-                         int five) {
-    if (five)
-        group_rows50_p(w, nb, A, mr, y, 1);
+                         int five, int half) {
+    if (half)
+        five ? group_rows50_p(w, nb, A, mr, y, 1, 1) : group_rows50_p(w, nb, A, mr, y, 0, 1);
     else
-        group_rows50_p(w, nb, A, mr, y, 0);
+        five ? group_rows50_p(w, nb, A, mr, y, 1, 0) : group_rows50_p(w, nb, A, mr, y, 0, 0);
 }
 
 /* Weight rows [n0, n1) (multiples of 16; W the repacked tensor, rb = K / 256 * 144 bytes per
- * row) against the M activation rows of A, rounded per ablock = 32, 64, 128 or 256 values
+ * row) against the M activation rows of A, rounded per ablock = 16 (Q4_0 / Q5_0), 32, 64, 128 or 256 values
  * (quantize_row8's qb): y = dot + bias. Activation rows in blocks of MR per pass over a group,
  * whose bytes (16 rows) then stay in cache for the next block. */
 void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const acts8_t *A,
@@ -465,7 +483,7 @@ void x_rows(int type, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, cons
             acts8_t B = {A->q + m0 * A->K, A->s + m0 * A->G, A->sum + m0 * A->G,
                          A->bs + m0 * (A->K / 16), A->K, A->G};
             if (type == T_Q5_0X || type == T_Q4_0X)
-                group_rows50(w, A->K / 32, &B, mr, out, type == T_Q5_0X);
+                group_rows50(w, A->K / 32, &B, mr, out, type == T_Q5_0X, ablock == 16);
             else if (type == T_Q6_KX)
                 group_rows6(w, nsb, &B, mr, out, per);
             else if (type == T_Q2_KX || type == T_Q3_KX || type == T_IQ4_XSX)

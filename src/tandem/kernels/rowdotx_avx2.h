@@ -227,7 +227,8 @@ static inline __attribute__((always_inline)) void group_rows6_p(const uint8_t *w
  * integers as vpdpbusd, and the float step is the same */
 static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *w, int64_t nb,
                                                                  const acts8_t *A, int mr,
-                                                                 float (*y)[16], const int five) {
+                                                                 float (*y)[16], const int five,
+                                                                 const int half) {
     __m256 acc[MR][2];
     for (int m = 0; m < mr; m++)
         acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -260,6 +261,18 @@ static inline __attribute__((always_inline)) void group_rows50_p(const uint8_t *
                     th = _mm256_add_epi16(th, _mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(load32(x + 16 + 4 * p))));
                 }
                 const int16_t *bs = A->bs + m * (A->K / 16) + 2 * b;
+                if (half) { /* rowdotx.c's per-16 steps: the low nibbles' sum, then the high's */
+                    const float *xs = A->s + m * A->G + 2 * b;
+                    const __m256i l32 = _mm256_sub_epi32(_mm256_madd_epi16(tl, ones),
+                                                         _mm256_set1_epi32(off * (int32_t)bs[0]));
+                    const __m256i h32 = _mm256_sub_epi32(_mm256_madd_epi16(th, ones),
+                                                         _mm256_set1_epi32(off * (int32_t)bs[1]));
+                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l32),
+                                                _mm256_mul_ps(d, _mm256_set1_ps(xs[0])), acc[m][h]);
+                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h32),
+                                                _mm256_mul_ps(d, _mm256_set1_ps(xs[1])), acc[m][h]);
+                    continue;
+                }
                 __m256i t = _mm256_add_epi32(_mm256_madd_epi16(tl, ones), _mm256_madd_epi16(th, ones));
                 t = _mm256_sub_epi32(t, _mm256_set1_epi32(off * ((int32_t)bs[0] + bs[1])));
                 const __m256 xs = _mm256_set1_ps(A->s[m * A->G + b]);

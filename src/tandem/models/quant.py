@@ -279,17 +279,20 @@ class GGUFLinear(torch.nn.Module):
 
     def rounding(self, type_name: str | None = None) -> tuple[int, int]:
         """(bits, ablock) of kernels.matmul for this product read as `type_name` (default: its
-        kernel_blocks()' type). With act_block, int8 activations go in blocks of act_block
-        values where the weights' block is larger: the 16-row group types take them; other
-        types with larger blocks (Q5_K) round to int16 instead, never coarser than asked."""
+        kernel_blocks()' type). With act_block (the FFN down projection's input, which carries
+        most of int8's KL divergence), int8 activations are rounded finer than the weights'
+        own block, never coarser than asked: the 16-row group types take blocks of act_block
+        values (K-quants: 64 of their 256) or of 16 (Q4_0, Q5_0: their blocks are 32, the
+        scale llama.cpp's Q8_0 gives); the other types (Q8_0, Q4_1, Q5_1, IQ4_NL, the grid
+        i-quants) round to int16, which their kernels take at int8's speed (the prompt kernel
+        widens int8 to int16 anyway). bench/results/gguf-types/README.md: KL divergence."""
         type_name = type_name or self.kernel_blocks()[0]
         if self.bits != 8 or not self.act_block:
             return self.bits, 0
         if type_name in kernels.REPACKED_TYPES:
-            if kernels.REPACKED_BLOCK[type_name] > self.act_block:
-                return 8, self.act_block
-            type_name = self.type_name  # its own block is fine enough already
-        return (8, 0) if GGML_QUANT_SIZES[QT[type_name]][0] <= self.act_block else (16, 0)
+            block = kernels.REPACKED_BLOCK[type_name]
+            return 8, self.act_block if self.act_block < block else min(kernels.ACT_BLOCKS[block])
+        return 16, 0
 
     def weight_float(self) -> torch.Tensor:
         return kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features,
