@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    @cached_property
+    def ids(self) -> dict[str, int]:
+        """Each token's text -> its id (the last, where texts repeat), built once: a tools
+        request looks its markers up here instead of mapping ~150k tokens each time."""
+        return {t: i for i, t in enumerate(self.tokens)}
 
     def fim_ids(self) -> dict[str, int | None]:
         """Fill-in-the-middle token ids: fim_pre, fim_suf, fim_mid (needed for infill), fim_rep,

@@ -223,8 +223,7 @@ def _regex_escape(text: str) -> str:
 
 def _calls_grammar(engine: Engine, schemas: dict[str, dict], several: bool,
                    fmt: ToolFormat = HERMES, lazy: bool = False) -> str:
-    vocab = {t: i for i, t in enumerate(engine.tok.tokens)}
-    g = grammar.from_lark(calls_lark(schemas, several, vocab, fmt, lazy))
+    g = grammar.from_lark(calls_lark(schemas, several, engine.tok.ids, fmt, lazy))
     try:
         grammar.check(engine.tok, engine.target.args.vocab_size, g, "tools")
     except grammar.GrammarError as e:
