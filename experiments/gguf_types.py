@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def measure(path: Path, a: argparse.Namespace, log: Path) -> dict:
     pt, pl = free_port(), free_port()
     common = ["-m", str(path), "-t", str(a.threads), "-c", str(a.ctx)]
     tandem = [sys.executable, "-m", "tandem.cli", "serve", *common, "--spec-type", "none",
-              "--port", str(pt)]
+              *shlex.split(a.tandem_args), "--port", str(pt)]
     llama = [str(a.llama_bin / "llama-server"), *common, "--port", str(pl)]
     os.environ["LD_LIBRARY_PATH"] = ":".join(
         p for p in (str(a.llama_bin), os.environ.get("LD_LIBRARY_PATH")) if p)
@@ -229,6 +230,8 @@ def main() -> int:
     ap.add_argument("--imatrix", type=Path, default=None,
                     help="an importance matrix for llama-quantize (llama-imatrix's output; "
                          "IQ1_* and IQ2_* need one)")
+    ap.add_argument("--tandem-args", default="",
+                    help="more flags for tandem serve, e.g. \"--activations mixed\"")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.src, a.quant_dir = a.src.expanduser(), a.quant_dir.expanduser()

@@ -1,12 +1,12 @@
 """How far Tandem's activation rounding moves the target's next-token distributions, measured as
 llama.cpp's `llama-perplexity --kl-divergence` measures its own, on the same text and weights.
 
-Tandem's variants: int16, int8 and mixed activations with a float32 KV cache, and mixed with
-the f16 cache (the defaults: llama-perplexity's cache is f16 too).
+Tandem's variants: int16, int8, mixed and int8-down64 activations with a float32 KV cache, and
+int8-down64 (the default) and mixed with the f16 cache (the default; llama-perplexity's too).
 The reference is the same GGUF weights dequantized, with float32 activations (Tandem: `--weights
 dense --dtype float32`, PyTorch float32 GEMMs and cache; llama.cpp: an F32 GGUF written from the
-same dequantized tensors, run with llama-perplexity's default f16 KV cache, so its figure does
-not count the cache's rounding while Tandem's f16-cache variant does: ~3e-6, F16's whole KL).
+same dequantized tensors, run with a float32 KV cache, `--llama-base-cache f32`, so both engines'
+figures count the f16 cache's rounding: ~3e-6, F16's whole KL).
 The text is real and written by nobody here: the head of a Python standard library module and of
 a licence text shipped with the system, joined into one file that both tokenize whole. As
 llama-perplexity does, the tokens are cut into chunks of --ctx (no BOS for Qwen), each chunk is
@@ -46,7 +46,8 @@ PROSE = Path("/usr/share/common-licenses/GPL-3")
 # label -> (activations, KV cache type); llama-perplexity's cache is f16, its default
 VARIANTS = {"tandem int16": ("int16", "f32"), "tandem int8": ("int8", "f32"),
             "tandem mixed": ("mixed", "f32"), "tandem int8-down64": ("int8-down64", "f32"),
-            "tandem int8-down64, f16 cache": ("int8-down64", "f16")}
+            "tandem int8-down64, f16 cache": ("int8-down64", "f16"),
+            "tandem mixed, f16 cache": ("mixed", "f16")}
 
 
 def pick_variants(spec: str) -> list[str]:
@@ -175,9 +176,12 @@ def write_f32_gguf(src: Path, dst: Path) -> None:
 
 
 def run_llama(exe: str, model: Path, text: Path, base: Path, args, log: Path, kld: bool) -> str:
+    """llama-perplexity writing the reference (kld False: the F32 file, its KV cache
+    --llama-base-cache) or reading it (kld True: the file under test, the default f16 cache)."""
     cmd = [exe, "-m", str(model), "-f", str(text), "-c", str(args.ctx), "-b", str(args.ctx),
            "-t", str(args.threads), "--chunks", str(args.chunks), "--kl-divergence-base",
-           str(base)] + (["--kl-divergence"] if kld else [])
+           str(base)] + (["--kl-divergence"] if kld else
+                         ["-ctk", args.llama_base_cache, "-ctv", args.llama_base_cache])
     r = subprocess.run(cmd, capture_output=True, text=True)
     log.write_text(shlex.join(cmd) + "\n\n" + r.stdout + r.stderr)
     if r.returncode != 0:
@@ -211,6 +215,10 @@ def main() -> int:
     ap.add_argument("--chars", type=int, default=9000, help="characters of each text")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-perplexity", metavar="PATH")
+    ap.add_argument("--llama-base-cache", choices=("f32", "f16"), default="f32",
+                    help="the KV cache of llama.cpp's reference run: f32, as Tandem's reference "
+                         "(so both figures count the f16 cache's rounding); f16 was the default "
+                         "before (the figures of bench/results/gguf-types/kl.md marked so)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated labels of VARIANTS to measure (default: all)")
     ap.add_argument("--out", required=True)
