@@ -5,8 +5,10 @@ Tandem's variants: int16, int8, mixed and int8-down64 activations with a float32
 int8-down64 (the default) and mixed with the f16 cache (the default; llama-perplexity's too).
 The reference is the same GGUF weights dequantized, with float32 activations (Tandem: `--weights
 dense --dtype float32`, PyTorch float32 GEMMs and cache; llama.cpp: an F32 GGUF written from the
-same dequantized tensors, run with a float32 KV cache, `--llama-base-cache f32`, so both engines'
-figures count the f16 cache's rounding: ~3e-6, F16's whole KL).
+same dequantized tensors, run with a float32 KV cache and no flash attention, `--llama-base-cache
+f32`: llama.cpp's CPU flash attention rounds Q, K and V to f16 even with an f32 cache, so a
+reference run with it shares the f16 cache's rounding and the figure leaves it out; so both
+engines' figures count it: ~3e-6, F16's whole KL).
 The text is real and written by nobody here: the head of a Python standard library module and of
 a licence text shipped with the system, joined into one file that both tokenize whole. As
 llama-perplexity does, the tokens are cut into chunks of --ctx (no BOS for Qwen), each chunk is
@@ -181,7 +183,8 @@ def run_llama(exe: str, model: Path, text: Path, base: Path, args, log: Path, kl
     cmd = [exe, "-m", str(model), "-f", str(text), "-c", str(args.ctx), "-b", str(args.ctx),
            "-t", str(args.threads), "--chunks", str(args.chunks), "--kl-divergence-base",
            str(base)] + (["--kl-divergence"] if kld else
-                         ["-ctk", args.llama_base_cache, "-ctv", args.llama_base_cache])
+                         ["-ctk", args.llama_base_cache, "-ctv", args.llama_base_cache]
+                         + (["-fa", "off"] if args.llama_base_cache == "f32" else []))
     r = subprocess.run(cmd, capture_output=True, text=True)
     log.write_text(shlex.join(cmd) + "\n\n" + r.stdout + r.stderr)
     if r.returncode != 0:
@@ -216,9 +219,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-perplexity", metavar="PATH")
     ap.add_argument("--llama-base-cache", choices=("f32", "f16"), default="f32",
-                    help="the KV cache of llama.cpp's reference run: f32, as Tandem's reference "
-                         "(so both figures count the f16 cache's rounding); f16 was the default "
-                         "before (the figures of bench/results/gguf-types/kl.md marked so)")
+                    help="llama.cpp's reference run: f32, a float32 cache and no flash "
+                         "attention (its CPU flash attention rounds Q, K and V to f16 whatever "
+                         "the cache holds), as Tandem's reference, so both figures count the "
+                         "f16 cache's rounding; f16: its defaults (f16 cache, flash attention), "
+                         "as before (bench/results/gguf-types/kl.md says which)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated labels of VARIANTS to measure (default: all)")
     ap.add_argument("--out", required=True)
