@@ -18,6 +18,9 @@ of the prompt, in 16-token blocks, unless its queue is more than --imbalance req
 than the shortest; two choices otherwise).
 
     python experiments/cluster_sim.py --measure --out bench/results/cluster-sim/costs.json
+    python experiments/cluster_sim.py --measure --measure-together 2,1 --out costs-together.json
+        (1 thread measured in two processes at once: what each of 2 x 1 replicas pays beside
+        the other on one machine)
     python experiments/cluster_sim.py --costs bench/results/cluster-sim/costs.json \\
         --replicas 2,4,8,16,32,64 --out bench/results/cluster-sim/report.md
     python experiments/cluster_sim.py --costs ... --closed 4 --layouts 1x2,2x1 \
@@ -35,7 +38,9 @@ import heapq
 import json
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,8 +68,34 @@ def load_costs(path: str, threads: int) -> Costs:
     return Costs({int(r): s for r, s in table["verify"].items()}, table["prompt_token"])
 
 
-def measure(out: str, threads_list: list[int], rows_max: int) -> None:
-    """The default target's pass costs at each thread count (spec_policy.measure)."""
+def measure(out: str, threads_list: list[int], rows_max: int, together: list[int]) -> None:
+    """The default target's pass costs at each thread count (spec_policy.measure), each measured
+    in together[i] processes at once (the replicas of a layout on one machine share its memory
+    bandwidth and caches: 2 x 1 thread is measured as two 1-thread processes running side by
+    side), the per-row medians averaged over the processes."""
+    tables = {}
+    for t, n in zip(threads_list, together):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = [subprocess.Popen([sys.executable, __file__, "--measure-one", str(t),
+                                      "--rows-max", str(rows_max), "--out", f"{tmp}/{i}.json"])
+                    for i in range(n)]
+            if any(r.wait() for r in runs):
+                raise SystemExit(f"measuring {t} thread(s) failed")
+            got = [json.loads(Path(f"{tmp}/{i}.json").read_text()) for i in range(n)]
+        tables[str(t)] = {
+            "processes": n,
+            "verify": {r: statistics.mean(g["verify"][r] for g in got) for r in got[0]["verify"]},
+            "prompt_token": statistics.mean(g["prompt_token"] for g in got)}
+        c = tables[str(t)]
+        print(f"threads {t}, {n} process(es) at once: 1 row {c['verify']['1'] * 1e3:.1f} ms, "
+              f"{rows_max} rows {c['verify'][str(rows_max)] * 1e3:.1f} ms, "
+              f"prompt {1 / c['prompt_token']:.0f} tok/s")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"threads": tables}, indent=1))
+
+
+def measure_one(out: str, threads: int, rows_max: int) -> None:
+    """One process's table at one thread count (measure's worker)."""
     from spec_policy import measure as pass_costs
 
     from tandem.config import EngineConfig, SpecConfig
@@ -73,18 +104,12 @@ def measure(out: str, threads_list: list[int], rows_max: int) -> None:
 
     import torch
 
-    tables = {}
-    for t in threads_list:
-        torch.set_num_threads(t)
-        engine = load_engine(str(resolve("default")), None, EngineConfig(
-            ctx_size=2048, n_threads=t), SpecConfig(types=["none"]))
-        c = pass_costs(engine, rows_max, 0)
-        tables[str(t)] = {"verify": c["verify"], "prompt_token": c["prompt_token"]}
-        print(f"threads {t}: 1 row {c['verify'][1] * 1e3:.1f} ms, {rows_max} rows "
-              f"{c['verify'][rows_max] * 1e3:.1f} ms, prompt {1 / c['prompt_token']:.0f} tok/s")
-        del engine
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"threads": tables}, indent=1))
+    torch.set_num_threads(threads)
+    engine = load_engine(str(resolve("default")), None, EngineConfig(
+        ctx_size=2048, n_threads=threads), SpecConfig(types=["none"]))
+    c = pass_costs(engine, rows_max, 0)
+    Path(out).write_text(json.dumps({"verify": {str(r): v for r, v in c["verify"].items()},
+                                     "prompt_token": c["prompt_token"]}))
 
 
 # ---- the trace -----------------------------------------------------------------------------
@@ -353,6 +378,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--measure", action="store_true", help="measure the costs table (--out)")
     ap.add_argument("--measure-threads", default="1,2")
+    ap.add_argument("--measure-together", default="",
+                    help="processes measuring at once per thread count (default 1 each; "
+                         "\"2,1\": 1 thread as two replicas side by side, 2 threads alone)")
+    ap.add_argument("--measure-one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rows-max", type=int, default=16)
     ap.add_argument("--costs", help="a costs table written by --measure")
     ap.add_argument("--threads", type=int, default=2, help="threads per replica (open loop)")
@@ -381,8 +410,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.measure_one:
+        measure_one(a.out, a.measure_one, a.rows_max)
+        return 0
     if a.measure:
-        measure(a.out, [int(x) for x in a.measure_threads.split(",")], a.rows_max)
+        threads = [int(x) for x in a.measure_threads.split(",")]
+        together = [int(x) for x in a.measure_together.split(",")] if a.measure_together \
+            else [1] * len(threads)
+        measure(a.out, threads, a.rows_max, together)
         return 0
     wl = Workload()
     if a.closed:
