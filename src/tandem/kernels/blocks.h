@@ -194,18 +194,14 @@ typedef struct {
 /* int8 activations (rowdot8.c) */
 typedef struct {
     const int8_t *q;       /* row m: q + m * K */
-    const float *s, *sum;  /* per 32-group: the block's scale (qb 16: s[2g + h] per half);
-                            * sum of x~ (the rounded values) */
+    const float *s, *sum;  /* per 32-group (qb 16: s[2g + h]): scale; sum of the rounded x */
     const int16_t *bs;     /* per 16-group: sum of q8 (Q6_K's -32) */
-    int64_t K, G;          /* G: the scales per row, ACT_GROUPS(K, qb) */
+    int64_t K, G;          /* G: scales per row, ACT_GROUPS(K, qb) (one per 32, or per 16) */
 } acts8_t;
-
-/* scales per activation row: one per 32 values, or per 16 where the block is 16 values */
 #define ACT_GROUPS(K, qb) ((qb) == 16 ? (K) / 16 : (K) / 32)
 
 /* one activation row of K: int16 (16383 steps per block of qb = 32 or 256; split: the order of
- * the Q4_K / Q5_K kernels) or int8 (127 steps per block of qb = 16, 32, 64, 128 or 256; and the
- * per-16 sums bs; qb 16: two scales per 32 values, rows of K / 16 scales, ACT_GROUPS) */
+ * the Q4_K / Q5_K kernels) or int8 (127 steps per qb = 16 .. 256 values, and per-16 sums bs) */
 TQ_HIDDEN void quantize_row(const float *x, int64_t K, int qb, int split, int16_t *q, float *s,
                             float *sum);
 TQ_HIDDEN void quantize_row8(const float *x, int64_t K, int qb, int8_t *q, float *s, float *sum,
