@@ -310,7 +310,8 @@ def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
     """Working buffers when every layer runs in C (kernels/forward.c, native mode): a pass of
     `chunk` rows allocates the normed input (max of dim, q width, ffn_dim), q, k, v, the
     attention output, the residual update, gate and up, all float32, plus the quantized
-    activations (int16: half a float per value, and per-32 scale and sum, per-16 integer sum)
+    activations (int16: half a float per value; room for a scale and a sum per 16 values, the
+    Q4_0 / Q5_0 down projection's, kernels/matmul.c's tq_scratch_alloc; per-16 integer sum)
     and the embeddings with their copy (float_rows: F16 / BF16 layers, which take the
     activations as float32: a float per value instead of half); each thread keeps the attention scores of one key/value
     head's query heads over the whole cache. Nothing is
@@ -319,7 +320,7 @@ def c_layer_bytes(args: ModelArgs, ctx_size: int, n_parallel: int, max_k: int,
     chunk = min(prefill_chunk, ctx_size)
     qd, kd = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
     kmax = max(args.dim, qd, args.ffn_dim)
-    per_row = kmax * (1 + (1 if float_rows else 0.5) + 3 / 32) + 2 * qd + 2 * kd + 3 * args.dim \
+    per_row = kmax * (1 + (1 if float_rows else 0.5) + 5 / 32) + 2 * qd + 2 * kd + 3 * args.dim \
         + 2 * args.ffn_dim
     group = args.n_heads // args.n_kv_heads  # query heads per key/value head
     scores = (threads or os.cpu_count() or 1) * group * (ctx_size + max_k + 10)
